@@ -1,0 +1,211 @@
+//! The broker side: connections, topology declaration, and publishing with
+//! confirms. Every AMQP call warren makes lives here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use crate::envelope::Outgoing;
+use crate::topology::{ArgValue, ExchangeKind, QueueSpec, Topology};
+
+/// How long to wait for the broker to confirm a publish before calling it failed.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An error talking to the broker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// The AMQP client reported an error (connection, channel, protocol).
+    #[error("AMQP error: {0}")]
+    Amqp(#[from] lapin::Error),
+    /// The broker refused the message (publisher confirm `nack`).
+    #[error("the broker did not accept the message published to {exchange:?} with routing key {routing_key:?}")]
+    Nacked {
+        /// Exchange published to.
+        exchange: String,
+        /// Routing key used.
+        routing_key: String,
+    },
+    /// The message reached no queue and came back (`mandatory` publish).
+    #[error("unroutable: no queue is bound to {exchange:?} for routing key {routing_key:?} ({reply})")]
+    Unroutable {
+        /// Exchange published to.
+        exchange: String,
+        /// Routing key used.
+        routing_key: String,
+        /// The broker's reply text.
+        reply: String,
+    },
+    /// No confirm arrived in time.
+    #[error("no publisher confirm within {0:?}")]
+    ConfirmTimeout(Duration),
+}
+
+impl BrokerError {
+    /// True if the message was returned as unroutable.
+    pub fn is_unroutable(&self) -> bool {
+        matches!(self, BrokerError::Unroutable { .. })
+    }
+}
+
+/// Opens a connection named `name` (shown in the management UI).
+pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    Ok(Connection::connect(url, props).await?)
+}
+
+fn field_table(arguments: &std::collections::BTreeMap<String, ArgValue>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (k, v) in arguments {
+        let value = match v {
+            ArgValue::Str(s) => AMQPValue::LongString(s.as_str().into()),
+            ArgValue::Int(i) => AMQPValue::LongLongInt(*i),
+        };
+        table.insert(k.as_str().into(), value);
+    }
+    table
+}
+
+async fn declare_queue(channel: &Channel, queue: &QueueSpec) -> Result<(), BrokerError> {
+    channel
+        .queue_declare(
+            queue.name.as_str().into(),
+            QueueDeclareOptions::durable(),
+            field_table(&queue.arguments),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Declares `topology` idempotently: durable exchanges, durable queues with their
+/// arguments, and bindings. Declaring what already exists with the same arguments
+/// changes nothing.
+pub async fn declare(channel: &Channel, topology: &Topology) -> Result<(), BrokerError> {
+    for exchange in &topology.exchanges {
+        let kind = match exchange.kind {
+            ExchangeKind::Topic => lapin::ExchangeKind::Topic,
+            ExchangeKind::Direct => lapin::ExchangeKind::Direct,
+            ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+        };
+        channel
+            .exchange_declare(
+                exchange.name.as_str().into(),
+                kind,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    for queue in &topology.queues {
+        declare_queue(channel, queue).await?;
+    }
+    for binding in &topology.bindings {
+        channel
+            .queue_bind(
+                binding.queue.as_str().into(),
+                binding.exchange.as_str().into(),
+                binding.routing_key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Publishes with publisher confirms and `mandatory`, one channel shared by all
+/// callers. A publish returns only after the broker has taken responsibility for
+/// the message, so the caller may then ack or mark what it published.
+///
+/// If the channel dies (the broker closes it on an error), the next publish opens
+/// a new one.
+#[derive(Debug)]
+pub struct Publisher {
+    connection: Arc<Connection>,
+    channel: Mutex<Option<Channel>>,
+}
+
+impl Publisher {
+    /// A publisher on `connection`; the channel opens on first use.
+    pub fn new(connection: Arc<Connection>) -> Self {
+        Self {
+            connection,
+            channel: Mutex::new(None),
+        }
+    }
+
+    async fn channel(&self) -> Result<Channel, BrokerError> {
+        let mut guard = self.channel.lock().await;
+        if let Some(channel) = guard.as_ref().filter(|c| c.status().connected()) {
+            return Ok(channel.clone());
+        }
+        let channel = self.connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        *guard = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// Publishes an envelope built by [`Outgoing`] and waits for its confirm.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: &Outgoing,
+    ) -> Result<(), BrokerError> {
+        self.publish_raw(exchange, routing_key, &message.body(), message.properties())
+            .await
+    }
+
+    /// Publishes arbitrary bytes and properties and waits for the confirm. For
+    /// republishing a delivery as it came (dead letters, retries) and for tests.
+    pub async fn publish_raw(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let channel = self.channel().await?;
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(exchange),
+                ShortString::from(routing_key),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                properties,
+            )
+            .await?;
+        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+            .await
+            .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(BrokerError::Unroutable {
+                    exchange: exchange.to_owned(),
+                    routing_key: routing_key.to_owned(),
+                    reply: returned.reply_text.to_string(),
+                })
+            }
+            Confirmation::Nack(None) | Confirmation::NotRequested => Err(BrokerError::Nacked {
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The dead-letter record: headers a dead-lettered copy carries, written by the
+//! consumer and read back by operators' tools.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use crate::envelope::PERSISTENT;
+
+/// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::DeadLetterReason) name).
+pub const HEADER_REASON: &str = "x-warren-reason";
+/// Header: the error text.
+pub const HEADER_ERROR: &str = "x-warren-error";
+/// Header: how many times the message was attempted.
+pub const HEADER_ATTEMPTS: &str = "x-warren-attempts";
+/// Header: the exchange the message was originally published to.
+pub const HEADER_ORIGINAL_EXCHANGE: &str = "x-warren-original-exchange";
+/// Header: the routing key the message was originally published with.
+pub const HEADER_ORIGINAL_ROUTING_KEY: &str = "x-warren-original-routing-key";
+/// Header: the consumer that gave up on the message.
+pub const HEADER_CONSUMER: &str = "x-warren-consumer";
+/// Header: the queue the message was consumed from.
+pub const HEADER_QUEUE: &str = "x-warren-queue";
+/// Header: when the message first failed (RFC 3339).
+pub const HEADER_FIRST_FAILURE: &str = "x-warren-first-failure";
+/// Header: when the message last failed (RFC 3339).
+pub const HEADER_LAST_FAILURE: &str = "x-warren-last-failure";
+
+/// Error texts are cut to this many bytes: enough to diagnose, too little to carry
+/// a payload along by accident.
+pub(crate) const MAX_ERROR_LEN: usize = 2000;
+
+/// What a dead-lettered copy records about its failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterInfo {
+    /// Reason name, e.g. `invalid-json`.
+    pub reason: String,
+    /// Error text.
+    pub error: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Exchange of the original publish.
+    pub original_exchange: String,
+    /// Routing key of the original publish.
+    pub original_routing_key: String,
+    /// Consumer name.
+    pub consumer: String,
+    /// Queue consumed from.
+    pub queue: String,
+    /// First failure time.
+    pub first_failure: Option<DateTime<Utc>>,
+    /// Last failure time.
+    pub last_failure: Option<DateTime<Utc>>,
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn time(t: DateTime<Utc>) -> AMQPValue {
+    AMQPValue::LongString(t.to_rfc3339_opts(SecondsFormat::Millis, true).into())
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.into())
+}
+
+/// Reads a header as text, whichever string type the producer used.
+pub fn header_str<'a>(headers: &'a FieldTable, name: &str) -> Option<std::borrow::Cow<'a, str>> {
+    match headers.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes())),
+        AMQPValue::ShortString(s) => Some(s.as_str().into()),
+        _ => None,
+    }
+}
+
+/// Reads an integer header, whichever integer type the producer used.
+pub fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
+    match headers.inner().get(name)? {
+        AMQPValue::ShortShortInt(v) => Some((*v).into()),
+        AMQPValue::ShortShortUInt(v) => Some((*v).into()),
+        AMQPValue::ShortInt(v) => Some((*v).into()),
+        AMQPValue::ShortUInt(v) => Some((*v).into()),
+        AMQPValue::LongInt(v) => Some((*v).into()),
+        AMQPValue::LongUInt(v) => Some((*v).into()),
+        AMQPValue::LongLongInt(v) => Some(*v),
+        _ => None,
+    }
+}
+
+impl DeadLetterInfo {
+    /// The properties of the dead-letter copy: the original's, persistent, with
+    /// this record added to its headers. The first-failure time already on the
+    /// message (from earlier attempts) is kept.
+    pub fn apply_to(&self, original: &BasicProperties) -> BasicProperties {
+        let mut headers = original.headers().clone().unwrap_or_default();
+        let now = self.last_failure.unwrap_or_else(Utc::now);
+        let first = header_str(&headers, HEADER_FIRST_FAILURE)
+            .and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .or(self.first_failure)
+            .unwrap_or(now);
+        let entries: [(&str, AMQPValue); 9] = [
+            (HEADER_REASON, text(&self.reason)),
+            (HEADER_ERROR, text(truncate(&self.error, MAX_ERROR_LEN))),
+            (HEADER_ATTEMPTS, AMQPValue::LongLongInt(self.attempts.into())),
+            (HEADER_ORIGINAL_EXCHANGE, text(&self.original_exchange)),
+            (HEADER_ORIGINAL_ROUTING_KEY, text(&self.original_routing_key)),
+            (HEADER_CONSUMER, text(&self.consumer)),
+            (HEADER_QUEUE, text(&self.queue)),
+            (HEADER_FIRST_FAILURE, time(first)),
+            (HEADER_LAST_FAILURE, time(now)),
+        ];
+        for (k, v) in entries {
+            headers.insert(ShortString::from(k), v);
+        }
+        original
+            .clone()
+            .with_headers(headers)
+            .with_delivery_mode(PERSISTENT)
+    }
+
+    /// Reads the record back from a dead-lettered message's properties. `None` if
+    /// the message carries no warren reason header.
+    pub fn from_properties(properties: &BasicProperties) -> Option<Self> {
+        let headers = properties.headers().as_ref()?;
+        let s = |name| header_str(headers, name).map(|c| c.into_owned()).unwrap_or_default();
+        let t = |name| {
+            header_str(headers, name)
+                .and_then(|v| DateTime::parse_from_rfc3339(&v).ok())
+                .map(|v| v.with_timezone(&Utc))
+        };
+        Some(Self {
+            reason: header_str(headers, HEADER_REASON)?.into_owned(),
+            error: s(HEADER_ERROR),
+            attempts: header_int(headers, HEADER_ATTEMPTS)
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(0),
+            original_exchange: s(HEADER_ORIGINAL_EXCHANGE),
+            original_routing_key: s(HEADER_ORIGINAL_ROUTING_KEY),
+            consumer: s(HEADER_CONSUMER),
+            queue: s(HEADER_QUEUE),
+            first_failure: t(HEADER_FIRST_FAILURE),
+            last_failure: t(HEADER_LAST_FAILURE),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_through_properties_and_keeps_original_headers() {
+        let mut original_headers = FieldTable::default();
+        original_headers.insert("tenant".into(), text("acme"));
+        let original = BasicProperties::default()
+            .with_message_id("m1".into())
+            .with_headers(original_headers);
+        let info = DeadLetterInfo {
+            reason: "invalid-json".into(),
+            error: "é".repeat(MAX_ERROR_LEN),
+            attempts: 1,
+            original_exchange: "ex".into(),
+            original_routing_key: "rk".into(),
+            consumer: "c".into(),
+            queue: "q".into(),
+            first_failure: None,
+            last_failure: Some(Utc::now()),
+        };
+        let props = info.apply_to(&original);
+        assert_eq!(props.message_id().as_ref().unwrap().as_str(), "m1");
+        assert_eq!(*props.delivery_mode(), Some(PERSISTENT));
+        let headers = props.headers().as_ref().unwrap();
+        assert_eq!(header_str(headers, "tenant").unwrap(), "acme");
+        let back = DeadLetterInfo::from_properties(&props).unwrap();
+        assert_eq!(back.reason, "invalid-json");
+        assert!(back.error.len() <= MAX_ERROR_LEN);
+        assert_eq!(back.attempts, 1);
+        assert_eq!(back.queue, "q");
+        assert_eq!(back.first_failure, back.last_failure);
+    }
+}

@@ -1,0 +1,390 @@
+//! The message envelope: parsing and validating what arrives, building what leaves.
+//!
+//! Every delivery is checked here before any handler or database is touched. A check
+//! that fails yields an [`InvalidMessage`] carrying the [`DeadLetterReason`] the
+//! consumer files it under; nothing in this module is retried.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use lapin::BasicProperties;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::failure::DeadLetterReason;
+
+/// The only content type warren accepts and produces.
+pub const CONTENT_TYPE_JSON: &str = "application/json";
+
+/// Default upper bound on a message body: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Longest message id accepted. Ids are stored in the inbox's primary key, so an
+/// unbounded id is an unbounded index entry.
+pub const MAX_MESSAGE_ID_LEN: usize = 200;
+
+/// What the envelope says about a message, apart from its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// The producer's identity for this message; the deduplication key.
+    pub message_id: String,
+    /// Event type, e.g. `billing.invoice-paid.v1`.
+    pub event_type: String,
+    /// Schema version of the payload.
+    pub schema_version: u32,
+    /// When the business event happened, as the producer saw it.
+    pub occurred_at: DateTime<Utc>,
+    /// Id shared by every message of one business flow.
+    pub correlation_id: String,
+    /// Id of the message that caused this one; `None` for the first message of a flow.
+    pub causation_id: Option<String>,
+}
+
+/// A validated incoming message: metadata plus the still-serialized payload.
+#[derive(Debug)]
+pub struct Envelope {
+    /// The envelope fields.
+    pub meta: Metadata,
+    payload: Box<RawValue>,
+}
+
+/// The parts of an AMQP delivery that validation looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    /// The AMQP `message_id` property.
+    pub message_id: Option<&'a str>,
+    /// The AMQP `content_type` property.
+    pub content_type: Option<&'a str>,
+    /// The raw body.
+    pub body: &'a [u8],
+}
+
+/// Why a message was refused before reaching a handler.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct InvalidMessage {
+    /// The dead-letter reason this refusal is filed under.
+    pub reason: DeadLetterReason,
+    /// A human-readable explanation; never contains the payload.
+    pub detail: String,
+}
+
+impl InvalidMessage {
+    pub(crate) fn new(reason: DeadLetterReason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireIn {
+    message_id: String,
+    event_type: String,
+    schema_version: u32,
+    occurred_at_utc: DateTime<Utc>,
+    correlation_id: String,
+    #[serde(default)]
+    causation_id: Option<String>,
+    payload: Box<RawValue>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireOut<'a> {
+    message_id: &'a str,
+    event_type: &'a str,
+    schema_version: u32,
+    occurred_at_utc: String,
+    correlation_id: &'a str,
+    causation_id: Option<&'a str>,
+    payload: &'a RawValue,
+}
+
+impl Envelope {
+    /// Validates a delivery: size, content type, the `message_id` property, JSON, the
+    /// envelope's fields, and that the body's id equals the property.
+    pub fn parse(incoming: Incoming<'_>, max_body_bytes: usize) -> Result<Self, InvalidMessage> {
+        use DeadLetterReason as R;
+        if incoming.body.len() > max_body_bytes {
+            return Err(InvalidMessage::new(
+                R::BodyTooLarge,
+                format!(
+                    "body is {} bytes, the limit is {max_body_bytes}",
+                    incoming.body.len()
+                ),
+            ));
+        }
+        match incoming.content_type {
+            Some(ct) if is_json_content_type(ct) => {}
+            Some(ct) => {
+                return Err(InvalidMessage::new(
+                    R::InvalidContentType,
+                    format!("content type is {ct:?}, expected {CONTENT_TYPE_JSON:?}"),
+                ));
+            }
+            None => {
+                return Err(InvalidMessage::new(
+                    R::InvalidContentType,
+                    format!("content type is missing, expected {CONTENT_TYPE_JSON:?}"),
+                ));
+            }
+        }
+        let property_id = match incoming.message_id {
+            Some(id) if !id.is_empty() => id,
+            _ => {
+                return Err(InvalidMessage::new(
+                    R::MissingMessageId,
+                    "the AMQP message_id property is missing or empty",
+                ));
+            }
+        };
+        let wire: WireIn = serde_json::from_slice(incoming.body).map_err(|e| {
+            let reason = if e.is_data() {
+                R::InvalidEnvelope
+            } else {
+                R::InvalidJson
+            };
+            InvalidMessage::new(reason, e.to_string())
+        })?;
+        if wire.message_id.is_empty() || wire.message_id.len() > MAX_MESSAGE_ID_LEN {
+            return Err(InvalidMessage::new(
+                R::InvalidEnvelope,
+                format!("messageId must be 1 to {MAX_MESSAGE_ID_LEN} characters"),
+            ));
+        }
+        if wire.message_id != property_id {
+            return Err(InvalidMessage::new(
+                R::MessageIdMismatch,
+                format!(
+                    "body messageId {:?} differs from the message_id property {property_id:?}",
+                    wire.message_id
+                ),
+            ));
+        }
+        if wire.event_type.is_empty() {
+            return Err(InvalidMessage::new(
+                R::InvalidEnvelope,
+                "eventType is empty",
+            ));
+        }
+        Ok(Envelope {
+            meta: Metadata {
+                message_id: wire.message_id,
+                event_type: wire.event_type,
+                schema_version: wire.schema_version,
+                occurred_at: wire.occurred_at_utc,
+                correlation_id: wire.correlation_id,
+                causation_id: wire.causation_id,
+            },
+            payload: wire.payload,
+        })
+    }
+
+    /// The payload as raw JSON, to be deserialized by the handler it is routed to.
+    pub fn payload(&self) -> &RawValue {
+        &self.payload
+    }
+}
+
+fn is_json_content_type(ct: &str) -> bool {
+    let essence = ct.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case(CONTENT_TYPE_JSON)
+}
+
+/// A message ready to publish: envelope body plus the AMQP properties that go with it.
+///
+/// The message id is a UUIDv7 fixed at construction, so every publish attempt of
+/// this value carries the same id and downstream inboxes can deduplicate it.
+///
+/// ```
+/// use warren::Outgoing;
+/// #[derive(serde::Serialize)]
+/// struct InvoicePaid { invoice_id: String }
+///
+/// let msg = Outgoing::new("billing.invoice-paid.v1", 1, &InvoicePaid { invoice_id: "inv_1".into() })?;
+/// let props = msg.properties();
+/// assert_eq!(props.message_id().as_ref().map(|s| s.as_str()), Some(msg.meta().message_id.as_str()));
+/// assert_eq!(msg.meta().correlation_id, msg.meta().message_id); // a new flow starts here
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    meta: Metadata,
+    payload: Box<RawValue>,
+}
+
+impl Outgoing {
+    /// A new message that starts a flow: fresh UUIDv7 id, occurred now, correlation
+    /// id equal to its own id, no causation id.
+    pub fn new<T: Serialize + ?Sized>(
+        event_type: impl Into<String>,
+        schema_version: u32,
+        payload: &T,
+    ) -> Result<Self, serde_json::Error> {
+        let id = uuid::Uuid::now_v7().to_string();
+        Ok(Self {
+            meta: Metadata {
+                message_id: id.clone(),
+                event_type: event_type.into(),
+                schema_version,
+                occurred_at: Utc::now(),
+                correlation_id: id,
+                causation_id: None,
+            },
+            payload: serde_json::value::to_raw_value(payload)?,
+        })
+    }
+
+    /// Marks this message as caused by `cause`: the correlation id is carried over
+    /// and the causation id is the cause's message id.
+    pub fn caused_by(mut self, cause: &Metadata) -> Self {
+        self.meta.correlation_id = cause.correlation_id.clone();
+        self.meta.causation_id = Some(cause.message_id.clone());
+        self
+    }
+
+    /// Sets the correlation id explicitly.
+    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.meta.correlation_id = id.into();
+        self
+    }
+
+    /// Overrides the message id. Use only to carry an id that already exists (for
+    /// example one stored in an outbox row); new messages get a UUIDv7.
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
+        self.meta.message_id = id.into();
+        self
+    }
+
+    /// Sets when the business event happened.
+    pub fn with_occurred_at(mut self, at: DateTime<Utc>) -> Self {
+        self.meta.occurred_at = at;
+        self
+    }
+
+    /// The envelope fields.
+    pub fn meta(&self) -> &Metadata {
+        &self.meta
+    }
+
+    /// The JSON body: the envelope with its payload.
+    pub fn body(&self) -> Vec<u8> {
+        let wire = WireOut {
+            message_id: &self.meta.message_id,
+            event_type: &self.meta.event_type,
+            schema_version: self.meta.schema_version,
+            occurred_at_utc: self
+                .meta
+                .occurred_at
+                .to_rfc3339_opts(SecondsFormat::Millis, true),
+            correlation_id: &self.meta.correlation_id,
+            causation_id: self.meta.causation_id.as_deref(),
+            payload: &self.payload,
+        };
+        serde_json::to_vec(&wire).expect("an envelope of strings and raw JSON always serializes")
+    }
+
+    /// AMQP properties: message id, type, JSON content type, correlation id,
+    /// timestamp, persistent delivery.
+    pub fn properties(&self) -> BasicProperties {
+        BasicProperties::default()
+            .with_message_id(self.meta.message_id.as_str().into())
+            .with_type(self.meta.event_type.as_str().into())
+            .with_content_type(CONTENT_TYPE_JSON.into())
+            .with_correlation_id(self.meta.correlation_id.as_str().into())
+            .with_timestamp(self.meta.occurred_at.timestamp().max(0) as u64)
+            .with_delivery_mode(PERSISTENT)
+    }
+}
+
+/// AMQP delivery mode 2: the broker writes the message to disk.
+pub(crate) const PERSISTENT: u8 = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn incoming<'a>(id: Option<&'a str>, body: &'a [u8]) -> Incoming<'a> {
+        Incoming {
+            message_id: id,
+            content_type: Some("application/json"),
+            body,
+        }
+    }
+
+    fn reason(r: Result<Envelope, InvalidMessage>) -> DeadLetterReason {
+        r.expect_err("should be refused").reason
+    }
+
+    #[test]
+    fn round_trips_what_outgoing_builds() {
+        let out = Outgoing::new("t.v1", 1, &serde_json::json!({"a": 1})).unwrap();
+        let body = out.body();
+        let env = Envelope::parse(incoming(Some(&out.meta().message_id), &body), 1024).unwrap();
+        assert_eq!(env.meta.message_id, out.meta().message_id);
+        assert_eq!(env.meta.event_type, "t.v1");
+        assert_eq!(env.meta.causation_id, None);
+        assert_eq!(env.payload().get(), r#"{"a":1}"#);
+        // Millisecond precision survives the round trip.
+        assert_eq!(
+            env.meta.occurred_at.timestamp_millis(),
+            out.meta().occurred_at.timestamp_millis()
+        );
+    }
+
+    #[test]
+    fn caused_by_carries_correlation_and_sets_causation() {
+        let first = Outgoing::new("a.v1", 1, &1).unwrap();
+        let second = Outgoing::new("b.v1", 1, &2).unwrap().caused_by(first.meta());
+        assert_eq!(second.meta().correlation_id, first.meta().correlation_id);
+        assert_eq!(
+            second.meta().causation_id.as_deref(),
+            Some(first.meta().message_id.as_str())
+        );
+        assert_ne!(second.meta().message_id, first.meta().message_id);
+    }
+
+    #[test]
+    fn refuses_each_kind_of_bad_input() {
+        let good = Outgoing::new("t.v1", 1, &1).unwrap();
+        let id = good.meta().message_id.clone();
+        let body = good.body();
+        assert_eq!(
+            reason(Envelope::parse(incoming(Some(&id), &body), 10)),
+            DeadLetterReason::BodyTooLarge
+        );
+        assert_eq!(
+            reason(Envelope::parse(incoming(None, &body), 1024)),
+            DeadLetterReason::MissingMessageId
+        );
+        assert_eq!(
+            reason(Envelope::parse(incoming(Some("other"), &body), 1024)),
+            DeadLetterReason::MessageIdMismatch
+        );
+        assert_eq!(
+            reason(Envelope::parse(incoming(Some(&id), b"{not json"), 1024)),
+            DeadLetterReason::InvalidJson
+        );
+        assert_eq!(
+            reason(Envelope::parse(
+                incoming(Some(&id), br#"{"messageId":"x"}"#),
+                1024
+            )),
+            DeadLetterReason::InvalidEnvelope
+        );
+        let wrong_type = Incoming {
+            content_type: Some("text/plain"),
+            ..incoming(Some(&id), &body)
+        };
+        assert_eq!(
+            reason(Envelope::parse(wrong_type, 1024)),
+            DeadLetterReason::InvalidContentType
+        );
+        let with_charset = Incoming {
+            content_type: Some("Application/JSON; charset=utf-8"),
+            ..incoming(Some(&id), &body)
+        };
+        assert!(Envelope::parse(with_charset, 1024).is_ok());
+    }
+}

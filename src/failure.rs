@@ -1,0 +1,218 @@
+//! The failure taxonomy: what a handler can say went wrong, and the reasons a
+//! message ends in the dead-letter queue.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Boxed error a handler can wrap in a [`HandlerError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A handler's failure, classified by what should happen next.
+///
+/// The classification is the handler's to make, because only the handler knows
+/// whether trying again can help:
+///
+/// ```
+/// use std::time::Duration;
+/// use warren::HandlerError;
+///
+/// // A dependency timed out: try again later.
+/// let e = HandlerError::transient("payment provider timed out");
+/// assert!(e.is_transient());
+///
+/// // The provider said "slow down, come back in 30 s".
+/// let e = HandlerError::transient("rate limited").retry_after(Duration::from_secs(30));
+/// assert_eq!(e.retry_after_hint(), Some(Duration::from_secs(30)));
+///
+/// // The message can never succeed: dead-letter it for a human.
+/// let e = HandlerError::permanent("amount must not be negative");
+/// assert!(e.is_permanent());
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// Trying again later may succeed (timeout, rate limit, lost connection).
+    Transient {
+        /// What went wrong.
+        error: BoxError,
+        /// The earliest the dependency wants to be asked again, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// Trying again cannot succeed (validation, business invariant).
+    Permanent {
+        /// What went wrong.
+        error: BoxError,
+    },
+}
+
+impl HandlerError {
+    /// A failure worth retrying.
+    pub fn transient(error: impl Into<BoxError>) -> Self {
+        HandlerError::Transient {
+            error: error.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A failure that no retry can fix; the message is dead-lettered at once.
+    pub fn permanent(error: impl Into<BoxError>) -> Self {
+        HandlerError::Permanent {
+            error: error.into(),
+        }
+    }
+
+    /// Asks for the retry to wait at least `delay`. Has no effect on a permanent error.
+    pub fn retry_after(self, delay: Duration) -> Self {
+        match self {
+            HandlerError::Transient { error, .. } => HandlerError::Transient {
+                error,
+                retry_after: Some(delay),
+            },
+            other => other,
+        }
+    }
+
+    /// True if retrying may help.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, HandlerError::Transient { .. })
+    }
+
+    /// True if the message should be dead-lettered at once.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, HandlerError::Permanent { .. })
+    }
+
+    /// The retry-after the handler asked for, if any.
+    pub fn retry_after_hint(&self) -> Option<Duration> {
+        match self {
+            HandlerError::Transient { retry_after, .. } => *retry_after,
+            HandlerError::Permanent { .. } => None,
+        }
+    }
+
+    /// The underlying error.
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        match self {
+            HandlerError::Transient { error, .. } | HandlerError::Permanent { error } => {
+                error.as_ref()
+            }
+        }
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandlerError::Transient { error, .. } => write!(f, "transient: {error}"),
+            HandlerError::Permanent { error } => write!(f, "permanent: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error())
+    }
+}
+
+/// A database error inside a handler is transient: a lost connection, a deadlock or
+/// a serialization failure all clear up on retry, and a bug that does not will use
+/// up its attempts and land in the dead-letter queue. Return
+/// [`HandlerError::permanent`] yourself where you know better.
+impl From<sqlx::Error> for HandlerError {
+    fn from(e: sqlx::Error) -> Self {
+        HandlerError::transient(e)
+    }
+}
+
+/// Why a message was moved to the dead-letter queue; sent as the `x-warren-reason`
+/// header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// The body exceeded the size limit.
+    BodyTooLarge,
+    /// The content type was missing or not JSON.
+    InvalidContentType,
+    /// The AMQP `message_id` property was missing or empty.
+    MissingMessageId,
+    /// The body was not valid JSON.
+    InvalidJson,
+    /// The JSON was not a valid envelope (missing or ill-typed field).
+    InvalidEnvelope,
+    /// The body's `messageId` differs from the AMQP `message_id` property.
+    MessageIdMismatch,
+    /// No handler is registered for the event type.
+    UnknownEventType,
+    /// The event type is known, but not in this schema version.
+    UnknownSchemaVersion,
+    /// The payload did not deserialize into the handler's type.
+    InvalidPayload,
+    /// The handler returned a permanent failure.
+    Permanent,
+}
+
+impl DeadLetterReason {
+    /// Every reason, for reports and tests.
+    pub const ALL: [DeadLetterReason; 10] = [
+        DeadLetterReason::BodyTooLarge,
+        DeadLetterReason::InvalidContentType,
+        DeadLetterReason::MissingMessageId,
+        DeadLetterReason::InvalidJson,
+        DeadLetterReason::InvalidEnvelope,
+        DeadLetterReason::MessageIdMismatch,
+        DeadLetterReason::UnknownEventType,
+        DeadLetterReason::UnknownSchemaVersion,
+        DeadLetterReason::InvalidPayload,
+        DeadLetterReason::Permanent,
+    ];
+
+    /// The stable, kebab-case name used in headers, metrics and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::BodyTooLarge => "body-too-large",
+            DeadLetterReason::InvalidContentType => "invalid-content-type",
+            DeadLetterReason::MissingMessageId => "missing-message-id",
+            DeadLetterReason::InvalidJson => "invalid-json",
+            DeadLetterReason::InvalidEnvelope => "invalid-envelope",
+            DeadLetterReason::MessageIdMismatch => "message-id-mismatch",
+            DeadLetterReason::UnknownEventType => "unknown-event-type",
+            DeadLetterReason::UnknownSchemaVersion => "unknown-schema-version",
+            DeadLetterReason::InvalidPayload => "invalid-payload",
+            DeadLetterReason::Permanent => "permanent-failure",
+        }
+    }
+
+    /// Parses a name produced by [`as_str`](Self::as_str).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+impl fmt::Display for DeadLetterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_names_round_trip_and_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for r in DeadLetterReason::ALL {
+            assert_eq!(DeadLetterReason::from_name(r.as_str()), Some(r));
+            assert!(seen.insert(r.as_str()));
+        }
+    }
+
+    #[test]
+    fn retry_after_only_applies_to_transient() {
+        let p = HandlerError::permanent("no").retry_after(Duration::from_secs(1));
+        assert_eq!(p.retry_after_hint(), None);
+        let t = HandlerError::transient("later").retry_after(Duration::from_secs(1));
+        assert_eq!(t.retry_after_hint(), Some(Duration::from_secs(1)));
+    }
+}

@@ -1,0 +1,120 @@
+//! warren: RabbitMQ consumers that stay correct under at-least-once delivery.
+//!
+//! A message may arrive twice, a process may die between its database commit and
+//! its ack, a producer may send garbage. warren makes each of those normal: every
+//! delivery is validated, claimed in a transactional inbox in the same database
+//! transaction as the handler's writes, and acked only after that commit. The
+//! business effect is applied once; nothing is silently lost; every failure is
+//! visible.
+//!
+//! ```text
+//! deliver -> validate -> BEGIN; claim inbox (consumer, message_id); handler; COMMIT -> ack
+//! ```
+//!
+//! # Layout
+//!
+//! - `envelope`: parse and validate what arrives ([`Envelope`]), build what leaves ([`Outgoing`]).
+//! - `handler`: the handler API: [`Message`], the [`Handler`] trait every `async fn` fits.
+//! - `registry`: the allowlist from `(event type, schema version)` to handler ([`Registry`]).
+//! - `failure`: the failure taxonomy: [`HandlerError`], [`DeadLetterReason`].
+//! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
+//! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
+//! - `topology`: exchanges and queues as data ([`Topology`]).
+//! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
+//! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
+//! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
+//! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
+//! - `failpoint`: crash points for crash tests (feature `failpoints`).
+//!
+//! # A complete consumer
+//!
+//! ```no_run
+//! use serde::Deserialize;
+//! use sqlx::Sqlite;
+//! use warren::{Consumer, ConsumerConfig, HandlerError, Message, Registry, SqliteStore, Tx};
+//!
+//! #[derive(Deserialize)]
+//! #[serde(rename_all = "camelCase")]
+//! struct InvoicePaid {
+//!     invoice_id: String,
+//!     customer_id: String,
+//!     amount: f64,
+//! }
+//!
+//! // Runs inside the transaction that also claims the message id, so the insert
+//! // below happens once per message however often the message is delivered.
+//! async fn invoice_paid(msg: Message<InvoicePaid>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> {
+//!     if msg.payload.amount < 0.0 {
+//!         return Err(HandlerError::permanent("amount must not be negative"));
+//!     }
+//!     sqlx::query("INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)")
+//!         .bind(&msg.payload.customer_id)
+//!         .bind(msg.payload.amount.floor() as i64)
+//!         .bind(&msg.meta.message_id)
+//!         .execute(tx.conn())
+//!         .await?; // a database error is transient: the message is retried
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), warren::Error> {
+//!     let store = SqliteStore::connect("sqlite://billing.db").await?;
+//!     let routes = Registry::new().route("billing.invoice-paid.v1", 1, invoice_paid);
+//!     let config = ConsumerConfig::new("billing", "billing.invoice-paid")
+//!         .bind("billing.events", ["billing.invoice-paid.*"]);
+//!     Consumer::new(config, store, routes)
+//!         .run("amqp://guest:guest@127.0.0.1:5672/%2f", warren::shutdown_signal())
+//!         .await
+//! }
+//! ```
+
+mod broker;
+mod consumer;
+mod dead_letter;
+mod envelope;
+mod error;
+pub mod failpoint;
+mod failure;
+mod handler;
+mod registry;
+mod shutdown;
+mod store;
+mod telemetry;
+mod topology;
+
+pub use broker::{BrokerError, CONFIRM_TIMEOUT, Publisher, connect, declare};
+pub use consumer::{
+    Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
+    DEFAULT_REQUEUE_DELAY, DEFAULT_SHUTDOWN_TIMEOUT,
+};
+pub use dead_letter::{
+    DeadLetterInfo, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
+    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE,
+    HEADER_REASON, header_int, header_str,
+};
+pub use envelope::{
+    CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
+    MAX_MESSAGE_ID_LEN, Metadata, Outgoing,
+};
+pub use error::Error;
+pub use failure::{BoxError, DeadLetterReason, HandlerError};
+pub use handler::{Handler, Message};
+pub use registry::Registry;
+pub use shutdown::shutdown_signal;
+#[cfg(feature = "postgres")]
+pub use store::PgStore;
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
+pub use store::{InboxEntry, Store, StoreError, Tx};
+pub use telemetry::{ConsumerStats, Outcome, StatsHandle};
+pub use topology::{
+    ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
+    dead_letter_queue_name,
+};
+
+/// The AMQP client warren is built on, re-exported so that applications use the
+/// same version.
+pub use lapin;
+/// The SQL toolkit warren is built on, re-exported so that handlers use the same
+/// version.
+pub use sqlx;

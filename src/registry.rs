@@ -1,0 +1,122 @@
+//! The handler registry: an explicit allowlist from `(event type, schema version)`
+//! to handler. Nothing is ever looked up by a name taken from a message beyond this
+//! table.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use sqlx::Database;
+
+use crate::failure::DeadLetterReason;
+use crate::handler::{ErasedHandler, Handler, Typed};
+
+/// The routing table of a consumer.
+///
+/// ```
+/// # use warren::{HandlerError, Message, Registry, Tx};
+/// # use sqlx::Sqlite;
+/// # #[derive(serde::Deserialize)] struct PaidV1 { amount: f64 }
+/// # #[derive(serde::Deserialize)] struct PaidV2 { amount: f64, method: String }
+/// async fn paid_v1(msg: Message<PaidV1>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> { Ok(()) }
+/// async fn paid_v2(msg: Message<PaidV2>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> { Ok(()) }
+///
+/// let routes = Registry::<Sqlite>::new()
+///     .route("billing.invoice-paid", 1, paid_v1)
+///     .route("billing.invoice-paid", 2, paid_v2);
+/// assert_eq!(routes.len(), 2);
+/// ```
+pub struct Registry<DB: Database> {
+    routes: HashMap<(String, u32), Arc<dyn ErasedHandler<DB>>>,
+}
+
+impl<DB: Database> Registry<DB> {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self {
+            routes: HashMap::new(),
+        }
+    }
+
+    /// Routes `event_type` at `schema_version` to `handler`, whose payload type `T`
+    /// the message's payload must deserialize into.
+    ///
+    /// # Panics
+    ///
+    /// If the pair is already routed: two handlers for one version is a programming
+    /// error, better found at start than in production.
+    pub fn route<T, H>(mut self, event_type: &str, schema_version: u32, handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: for<'a> Handler<'a, T, DB>,
+    {
+        let key = (event_type.to_owned(), schema_version);
+        assert!(
+            !self.routes.contains_key(&key),
+            "{event_type} v{schema_version} is already routed to a handler"
+        );
+        self.routes.insert(key, Arc::new(Typed::new(handler)));
+        self
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// True if nothing is routed.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// The routed `(event type, schema version)` pairs, sorted.
+    pub fn routes(&self) -> Vec<(&str, u32)> {
+        let mut keys: Vec<_> = self.routes.keys().map(|(t, v)| (t.as_str(), *v)).collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    pub(crate) fn lookup(
+        &self,
+        event_type: &str,
+        schema_version: u32,
+    ) -> Result<&Arc<dyn ErasedHandler<DB>>, (DeadLetterReason, String)> {
+        if let Some(handler) = self.routes.get(&(event_type.to_owned(), schema_version)) {
+            return Ok(handler);
+        }
+        let known: Vec<u32> = self
+            .routes
+            .keys()
+            .filter(|(t, _)| t == event_type)
+            .map(|(_, v)| *v)
+            .collect();
+        if known.is_empty() {
+            Err((
+                DeadLetterReason::UnknownEventType,
+                format!("no handler for event type {event_type:?}"),
+            ))
+        } else {
+            Err((
+                DeadLetterReason::UnknownSchemaVersion,
+                format!(
+                    "no handler for {event_type:?} schema version {schema_version} (handled: {known:?})"
+                ),
+            ))
+        }
+    }
+}
+
+impl<DB: Database> Default for Registry<DB> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<DB: Database> fmt::Debug for Registry<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("routes", &self.routes())
+            .finish()
+    }
+}

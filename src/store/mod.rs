@@ -1,0 +1,145 @@
+//! Storage: the inbox claim and the handler's transaction, behind one narrow trait.
+//!
+//! Each backend lives in its own module behind a cargo feature and carries its own
+//! migrations. The consumer only ever asks a store to begin a transaction, claim a
+//! message in it, and commit; it never formats SQL.
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+
+use chrono::{DateTime, Utc};
+use sqlx::Database;
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "postgres")]
+pub use postgres::PgStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+
+/// The open database transaction a handler writes in.
+///
+/// It dereferences to the driver's connection, so any sqlx query runs on it:
+/// `sqlx::query("...").execute(tx.conn())`. warren owns the boundary: it begins the
+/// transaction, claims the message, runs the handler, and commits or rolls back.
+pub struct Tx<DB: Database> {
+    inner: sqlx::Transaction<'static, DB>,
+}
+
+impl<DB: Database> Tx<DB> {
+    pub(crate) fn new(inner: sqlx::Transaction<'static, DB>) -> Self {
+        Self { inner }
+    }
+
+    /// The connection inside the transaction, for sqlx queries.
+    pub fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.inner
+    }
+
+    pub(crate) async fn commit(self) -> Result<(), StoreError> {
+        self.inner.commit().await.map_err(StoreError::Database)
+    }
+
+    pub(crate) async fn rollback(self) -> Result<(), StoreError> {
+        self.inner.rollback().await.map_err(StoreError::Database)
+    }
+}
+
+impl<DB: Database> Deref for Tx<DB> {
+    type Target = DB::Connection;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl<DB: Database> DerefMut for Tx<DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
+}
+
+/// One row of the inbox: the claim a consumer makes on a message id.
+#[derive(Debug, Clone)]
+pub struct InboxEntry<'a> {
+    /// The deduplication boundary: one consumer's view of the message stream.
+    pub consumer_name: &'a str,
+    /// The producer's message id.
+    pub message_id: &'a str,
+    /// The event type, kept for operators.
+    pub event_type: &'a str,
+    /// The correlation id, kept for operators.
+    pub correlation_id: Option<&'a str>,
+    /// When the delivery reached the consumer.
+    pub received_at: DateTime<Utc>,
+}
+
+/// A transactional store for the inbox and the handler's writes.
+///
+/// Implemented by [`PgStore`] (feature `postgres`) and [`SqliteStore`] (feature
+/// `sqlite`). The trait is deliberately small: everything a consumer needs to apply
+/// a message once, nothing more.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// The sqlx database the handler's transaction belongs to.
+    type Db: Database;
+
+    /// Applies warren's migrations for this dialect. Safe to call from several
+    /// processes at once.
+    fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Begins a transaction that is allowed to write.
+    fn begin(&self) -> impl Future<Output = Result<Tx<Self::Db>, StoreError>> + Send;
+
+    /// Claims `entry` inside `tx` with `INSERT ... ON CONFLICT DO NOTHING`. Returns
+    /// `false` if the consumer already claimed this message id: a duplicate. A copy in
+    /// flight elsewhere makes this call wait until that transaction ends.
+    fn claim<'a>(
+        &'a self,
+        tx: &'a mut Tx<Self::Db>,
+        entry: &'a InboxEntry<'a>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+}
+
+/// An error from a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed to apply.
+    #[error("migration {version} ({name}) failed: {source}")]
+    Migration {
+        /// Migration number.
+        version: i64,
+        /// Migration name.
+        name: &'static str,
+        /// The database's error.
+        source: sqlx::Error,
+    },
+    /// The database URL or options are not usable.
+    #[error("invalid database configuration: {0}")]
+    Config(String),
+}
+
+impl StoreError {
+    /// True if the database could not be reached or the connection broke; retrying
+    /// later is the right response.
+    pub fn is_connection_error(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+            )
+        )
+    }
+}
+
+/// A numbered migration: plain SQL statements applied in order, once.
+pub(crate) struct Migration {
+    pub(crate) version: i64,
+    pub(crate) name: &'static str,
+    pub(crate) statements: &'static [&'static str],
+}

@@ -1,0 +1,136 @@
+//! PostgreSQL store: the production backend.
+
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, Postgres};
+
+use super::{InboxEntry, Migration, Store, StoreError, Tx};
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "inbox",
+    statements: &[
+        "CREATE TABLE warren_inbox (
+            consumer_name  TEXT        NOT NULL,
+            message_id     TEXT        NOT NULL,
+            event_type     TEXT        NOT NULL,
+            correlation_id TEXT        NULL,
+            received_at    TIMESTAMPTZ NOT NULL,
+            processed_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+            PRIMARY KEY (consumer_name, message_id)
+        )",
+        "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
+    ],
+}];
+
+/// A [`Store`] on PostgreSQL.
+///
+/// Tables live in the connection's current schema (the first entry of
+/// `search_path`), so one database can host several isolated warren deployments.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Connects with a pool of `max_connections` (size it to the consumer's
+    /// concurrency plus a few for the relay and operators).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url).map_err(|e| {
+            StoreError::Config(format!("database URL is not a PostgreSQL URL: {e}"))
+        })?;
+        Self::connect_with(options, max_connections).await
+    }
+
+    /// Connects with explicit options.
+    pub async fn connect_with(
+        options: PgConnectOptions,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// Wraps an existing pool, for applications that already have one.
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The pool, for the application's own queries outside a handler.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl Store for PgStore {
+    type Db = Postgres;
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        // Several processes may start at once; the lock (scoped to this schema and
+        // released at commit) makes them apply migrations one after another.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS warren_migrations (
+                version    BIGINT      PRIMARY KEY,
+                name       TEXT        NOT NULL,
+                applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+            )",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM warren_migrations")
+            .fetch_all(&mut *tx)
+            .await?;
+        for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+            for statement in m.statements {
+                sqlx::query(*statement)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|source| StoreError::Migration {
+                        version: m.version,
+                        name: m.name,
+                        source,
+                    })?;
+            }
+            sqlx::query("INSERT INTO warren_migrations (version, name) VALUES ($1, $2)")
+                .bind(m.version)
+                .bind(m.name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Tx<Postgres>, StoreError> {
+        Ok(Tx::new(self.pool.begin().await?))
+    }
+
+    async fn claim<'a>(
+        &'a self,
+        tx: &'a mut Tx<Postgres>,
+        entry: &'a InboxEntry<'a>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (consumer_name, message_id) DO NOTHING",
+        )
+        .bind(entry.consumer_name)
+        .bind(entry.message_id)
+        .bind(entry.event_type)
+        .bind(entry.correlation_id)
+        .bind(entry.received_at)
+        .execute(tx.conn())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

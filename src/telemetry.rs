@@ -1,0 +1,220 @@
+//! What a consumer tells its operators: one log event and a set of metrics per
+//! processed message, and counters a caller can read directly.
+//!
+//! Metrics go through the `metrics` facade under the names of the design
+//! (`consumer_messages_processed_total` and friends), labelled by consumer and
+//! queue; install any `metrics` recorder to export them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::failure::DeadLetterReason;
+
+/// How one delivery ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler ran and its transaction committed.
+    Applied,
+    /// The message id was already claimed by this consumer; acked without running
+    /// the handler.
+    Duplicate,
+    /// Moved to the dead-letter queue.
+    DeadLettered(DeadLetterReason),
+    /// A transient failure; the delivery was returned to the queue for another try.
+    Requeued,
+    /// The dead-letter queue could not take the message; the delivery was returned
+    /// to the queue instead, so nothing is lost.
+    DeadLetterFailed,
+}
+
+impl Outcome {
+    /// The `result` label and `processing_result` log field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Duplicate => "duplicate",
+            Outcome::DeadLettered(_) => "dead-lettered",
+            Outcome::Requeued => "requeued",
+            Outcome::DeadLetterFailed => "dead-letter-failed",
+        }
+    }
+}
+
+/// A snapshot of a consumer's counters since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Deliveries whose handler committed.
+    pub applied: u64,
+    /// Deliveries acked as duplicates.
+    pub duplicates: u64,
+    /// Deliveries moved to the dead-letter queue.
+    pub dead_lettered: u64,
+    /// Deliveries returned to the queue after a transient failure.
+    pub requeued: u64,
+    /// Deliveries returned to the queue because the dead-letter queue was unreachable.
+    pub dead_letter_failed: u64,
+    /// Handler panics caught (each also counted as requeued).
+    pub panics: u64,
+    /// Acks that could not be sent because the channel was gone; the broker
+    /// redelivers those and the inbox recognizes them.
+    pub acks_lost: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    applied: AtomicU64,
+    duplicates: AtomicU64,
+    dead_lettered: AtomicU64,
+    requeued: AtomicU64,
+    dead_letter_failed: AtomicU64,
+    panics: AtomicU64,
+    acks_lost: AtomicU64,
+}
+
+/// A live view of one consumer's counters; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct StatsHandle(Arc<Counters>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn snapshot(&self) -> ConsumerStats {
+        let c = &self.0;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConsumerStats {
+            applied: get(&c.applied),
+            duplicates: get(&c.duplicates),
+            dead_lettered: get(&c.dead_lettered),
+            requeued: get(&c.requeued),
+            dead_letter_failed: get(&c.dead_letter_failed),
+            panics: get(&c.panics),
+            acks_lost: get(&c.acks_lost),
+        }
+    }
+}
+
+/// The log fields of one processed message.
+#[derive(Debug, Default)]
+pub(crate) struct MessageFields<'a> {
+    pub(crate) message_id: &'a str,
+    pub(crate) event_type: &'a str,
+    pub(crate) correlation_id: &'a str,
+    pub(crate) causation_id: &'a str,
+    pub(crate) redelivered: bool,
+    pub(crate) retry_attempt: u32,
+}
+
+/// Records outcomes for one consumer.
+#[derive(Debug, Clone)]
+pub(crate) struct Telemetry {
+    consumer: Arc<str>,
+    queue: Arc<str>,
+    stats: StatsHandle,
+}
+
+impl Telemetry {
+    pub(crate) fn new(consumer: &str, queue: &str) -> Self {
+        Self {
+            consumer: consumer.into(),
+            queue: queue.into(),
+            stats: StatsHandle::default(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> &StatsHandle {
+        &self.stats
+    }
+
+    fn labels(&self) -> [(&'static str, String); 2] {
+        [
+            ("consumer", self.consumer.to_string()),
+            ("queue", self.queue.to_string()),
+        ]
+    }
+
+    pub(crate) fn in_flight(&self, delta: f64) {
+        metrics::gauge!("consumer_in_flight", &self.labels()).increment(delta);
+    }
+
+    pub(crate) fn panic(&self) {
+        self.stats.0.panics.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ack_lost(&self, message_id: &str) {
+        self.stats.0.acks_lost.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            message_id,
+            consumer_name = &*self.consumer,
+            queue_name = &*self.queue,
+            "ack not delivered: the channel is gone; the broker will redeliver and the inbox will recognize it"
+        );
+    }
+
+    /// Counts, measures and logs one finished delivery.
+    pub(crate) fn record(&self, outcome: Outcome, fields: &MessageFields<'_>, elapsed: Duration) {
+        let c = &self.stats.0;
+        let counter = match outcome {
+            Outcome::Applied => &c.applied,
+            Outcome::Duplicate => &c.duplicates,
+            Outcome::DeadLettered(_) => &c.dead_lettered,
+            Outcome::Requeued => &c.requeued,
+            Outcome::DeadLetterFailed => &c.dead_letter_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+
+        let labels = self.labels();
+        let [(_, consumer), (_, queue)] = &labels;
+        metrics::counter!(
+            "consumer_messages_processed_total",
+            "consumer" => consumer.clone(),
+            "queue" => queue.clone(),
+            "result" => outcome.as_str()
+        )
+        .increment(1);
+        metrics::histogram!("consumer_processing_duration_seconds", &labels)
+            .record(elapsed.as_secs_f64());
+        match outcome {
+            Outcome::Duplicate => {
+                metrics::counter!("consumer_duplicates_total", &labels).increment(1);
+            }
+            Outcome::Requeued => metrics::counter!("consumer_retry_total", &labels).increment(1),
+            Outcome::DeadLettered(reason) => metrics::counter!(
+                "consumer_dead_letter_total",
+                "consumer" => consumer.clone(),
+                "queue" => queue.clone(),
+                "reason" => reason.as_str()
+            )
+            .increment(1),
+            Outcome::Applied | Outcome::DeadLetterFailed => {}
+        }
+
+        let processing_duration_ms = elapsed.as_millis() as u64;
+        macro_rules! event {
+            ($level:expr) => {
+                tracing::event!(
+                    $level,
+                    message_id = fields.message_id,
+                    event_type = fields.event_type,
+                    consumer_name = &*self.consumer,
+                    correlation_id = fields.correlation_id,
+                    causation_id = fields.causation_id,
+                    rabbitmq_redelivered = fields.redelivered,
+                    retry_attempt = fields.retry_attempt,
+                    queue_name = &*self.queue,
+                    processing_duration_ms,
+                    processing_result = outcome.as_str(),
+                    dead_letter_reason = match outcome {
+                        Outcome::DeadLettered(r) => r.as_str(),
+                        _ => "",
+                    },
+                    "message processed"
+                )
+            };
+        }
+        match outcome {
+            Outcome::Applied | Outcome::Duplicate => event!(tracing::Level::INFO),
+            Outcome::Requeued => event!(tracing::Level::WARN),
+            Outcome::DeadLettered(_) | Outcome::DeadLetterFailed => event!(tracing::Level::ERROR),
+        }
+    }
+}
