@@ -1,1 +1,12 @@
+#![allow(unreachable_pub)]
+//! Integration tests against the real broker and databases. One binary, one file
+//! per topic; every test gets its own queue names and its own database.
 
+#[macro_use]
+mod util;
+
+mod crash;
+mod failures;
+mod inbox;
+mod poison;
+mod shutdown;

@@ -1,0 +1,537 @@
+//! Shared test fixtures: a private database (PostgreSQL schema or SQLite file) and
+//! private broker names per test, a handler with a deliberately non-idempotent
+//! effect, and helpers to publish, inspect queues and wait for conditions.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::{AssertSqlSafe, Postgres, Sqlite};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use warren::lapin::options::{
+    BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use warren::lapin::types::FieldTable;
+use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
+use warren::{
+    Consumer, ConsumerConfig, Error, HandlerError, Message, Outgoing, PgStore, Publisher,
+    Registry, SqliteStore, StatsHandle, Store, Tx,
+};
+
+pub const EVENT: &str = "test.job";
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+pub fn pg_admin_url() -> String {
+    std::env::var("WARREN_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A short random name unique to one test.
+pub fn unique(prefix: &str) -> String {
+    // The tail of a UUIDv7 is random; its head is the clock.
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("{prefix}_{}", &id[id.len() - 12..])
+}
+
+/// Polls `check` until it is true or `timeout` passes; returns the last answer.
+pub async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the test handler does with a message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Mode {
+    /// Record the effect.
+    Ok,
+    /// Record the effect, then fail permanently (the record must roll back).
+    Permanent,
+    /// Record the effect and fail transiently on the first `n` attempts.
+    Transient { n: u32 },
+    /// Record the effect and panic on the first attempt.
+    PanicOnce,
+    /// Sleep `ms` on the first attempt only, then record the effect.
+    SlowOnce { ms: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub mode: Mode,
+    /// Sleep this long before doing anything, on every attempt.
+    #[serde(default)]
+    pub delay_ms: u64,
+}
+
+impl Job {
+    pub fn ok() -> Self {
+        Job {
+            mode: Mode::Ok,
+            delay_ms: 0,
+        }
+    }
+    pub fn with(mode: Mode) -> Self {
+        Job { mode, delay_ms: 0 }
+    }
+    pub fn slow(ms: u64) -> Self {
+        Job {
+            mode: Mode::Ok,
+            delay_ms: ms,
+        }
+    }
+}
+
+/// Version 2 of the job: a different payload shape, handled side by side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobV2 {
+    pub job: Job,
+    pub note: String,
+}
+
+static ATTEMPTS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Default::default);
+
+/// Counts attempts per message id, outside any transaction (so rollbacks do not
+/// undo the count).
+pub fn attempt(message_id: &str) -> u32 {
+    let mut map = ATTEMPTS.lock().unwrap();
+    let n = map.entry(message_id.to_owned()).or_default();
+    *n += 1;
+    *n
+}
+
+/// A database dialect under test.
+pub trait Backend: sqlx::Database {
+    type S: Store<Db = Self>;
+    const NAME: &'static str;
+    /// A fresh, private database with warren migrated and the effects table.
+    fn create() -> impl Future<Output = TestDb<Self>> + Send;
+    /// Opens a store on a URL produced by `create`.
+    fn open(url: &str) -> impl Future<Output = Self::S> + Send;
+    /// The non-idempotent effect: one new row per call.
+    fn insert_effect<'a>(
+        tx: &'a mut Tx<Self>,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    /// Runs a `SELECT count(...)` query.
+    fn count(store: &Self::S, sql: String) -> impl Future<Output = i64> + Send;
+}
+
+pub struct TestDb<B: Backend> {
+    pub store: B::S,
+    /// A URL another process can open the same database with.
+    pub url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Schema(String),
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+}
+
+impl<B: Backend> TestDb<B> {
+    pub async fn effects(&self) -> i64 {
+        B::count(&self.store, "SELECT count(*) FROM test_effects".into()).await
+    }
+    pub async fn distinct_effects(&self) -> i64 {
+        B::count(
+            &self.store,
+            "SELECT count(DISTINCT message_id) FROM test_effects".into(),
+        )
+        .await
+    }
+    pub async fn effects_for(&self, message_id: &str) -> i64 {
+        B::count(
+            &self.store,
+            format!("SELECT count(*) FROM test_effects WHERE message_id = '{message_id}'"),
+        )
+        .await
+    }
+    pub async fn inbox(&self, consumer: &str) -> i64 {
+        B::count(
+            &self.store,
+            format!("SELECT count(*) FROM warren_inbox WHERE consumer_name = '{consumer}'"),
+        )
+        .await
+    }
+    pub async fn drop_db(self) {
+        if let Cleanup::Schema(schema) = &self.cleanup {
+            let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
+            sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+const EFFECTS_PG: &str = "CREATE TABLE test_effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL)";
+const EFFECTS_SQLITE: &str =
+    "CREATE TABLE test_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)";
+
+impl Backend for Postgres {
+    type S = PgStore;
+    const NAME: &'static str = "postgres";
+
+    async fn create() -> TestDb<Self> {
+        let schema = unique("wt");
+        let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let base = pg_admin_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        let store = Self::open(&url).await;
+        store.migrate().await.unwrap();
+        sqlx::query(EFFECTS_PG).execute(store.pool()).await.unwrap();
+        TestDb {
+            store,
+            url,
+            cleanup: Cleanup::Schema(schema),
+        }
+    }
+
+    async fn open(url: &str) -> PgStore {
+        PgStore::connect(url, 12).await.unwrap()
+    }
+
+    fn insert_effect<'a>(
+        tx: &'a mut Tx<Self>,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+        async move {
+            sqlx::query("INSERT INTO test_effects (message_id) VALUES ($1)")
+                .bind(message_id)
+                .execute(tx.conn())
+                .await?;
+            Ok(())
+        }
+    }
+
+    async fn count(store: &PgStore, sql: String) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl Backend for Sqlite {
+    type S = SqliteStore;
+    const NAME: &'static str = "sqlite";
+
+    async fn create() -> TestDb<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("test.db").display());
+        let store = Self::open(&url).await;
+        store.migrate().await.unwrap();
+        sqlx::query(EFFECTS_SQLITE)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        TestDb {
+            store,
+            url,
+            cleanup: Cleanup::Dir(dir),
+        }
+    }
+
+    async fn open(url: &str) -> SqliteStore {
+        SqliteStore::connect(url).await.unwrap()
+    }
+
+    fn insert_effect<'a>(
+        tx: &'a mut Tx<Self>,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+        async move {
+            sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
+                .bind(message_id)
+                .execute(tx.conn())
+                .await?;
+            Ok(())
+        }
+    }
+
+    async fn count(store: &SqliteStore, sql: String) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+}
+
+/// The test handler: does what the job's mode says, with a non-idempotent effect.
+pub async fn job<B: Backend>(msg: Message<Job>, tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    run_job::<B>(&msg.payload, &msg.meta.message_id, tx).await
+}
+
+/// The version-2 handler: same effect, different payload shape.
+pub async fn job_v2<B: Backend>(msg: Message<JobV2>, tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    assert!(!msg.payload.note.is_empty());
+    run_job::<B>(&msg.payload.job, &msg.meta.message_id, tx).await
+}
+
+async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    if job.delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(job.delay_ms)).await;
+    }
+    let n = attempt(id);
+    // The effect is written before any failure, so a failure that does not roll
+    // back would show up as an extra row.
+    B::insert_effect(tx, id).await?;
+    match job.mode {
+        Mode::Ok => Ok(()),
+        Mode::Permanent => Err(HandlerError::permanent("the job says it can never succeed")),
+        Mode::Transient { n: fail } if n <= fail => {
+            Err(HandlerError::transient(format!("attempt {n} of a flaky job")))
+        }
+        Mode::Transient { .. } => Ok(()),
+        Mode::PanicOnce if n == 1 => panic!("job panicked on attempt {n}"),
+        Mode::PanicOnce => Ok(()),
+        Mode::SlowOnce { ms } => {
+            if n == 1 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            Ok(())
+        }
+    }
+}
+
+pub fn routes<B: Backend>() -> Registry<B> {
+    Registry::new()
+        .route(EVENT, 1, job::<B>)
+        .route(EVENT, 2, job_v2::<B>)
+}
+
+/// A test's broker names and a connection to inspect and publish with.
+pub struct TestBroker {
+    pub exchange: String,
+    pub queue: String,
+    pub name: String,
+    pub connection: Arc<Connection>,
+    pub publisher: Publisher,
+    extra_queues: Mutex<Vec<String>>,
+}
+
+impl TestBroker {
+    pub async fn new() -> Self {
+        let base = unique("wt");
+        let connection = Arc::new(warren::connect(&amqp_url(), "warren tests").await.unwrap());
+        TestBroker {
+            exchange: format!("{base}.events"),
+            queue: format!("{base}.jobs"),
+            name: format!("{base}-consumer"),
+            publisher: Publisher::new(Arc::clone(&connection)),
+            connection,
+            extra_queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The default test consumer configuration: short delays so tests are quick.
+    pub fn config(&self) -> ConsumerConfig {
+        ConsumerConfig::new(&self.name, &self.queue)
+            .bind(&self.exchange, ["test.#"])
+            .with_requeue_delay(Duration::from_millis(100))
+            .with_failure_backoff(Duration::from_millis(200))
+            .with_shutdown_timeout(Duration::from_secs(10))
+    }
+
+    /// Remembers another queue to delete at cleanup.
+    pub fn track_queue(&self, name: &str) {
+        self.extra_queues.lock().unwrap().push(name.to_owned());
+    }
+
+    pub fn dead_letter_queue(&self) -> String {
+        warren::dead_letter_queue_name(&self.queue)
+    }
+
+    /// Declares the default test consumer's topology, so publishes before the
+    /// consumer starts are routed.
+    pub async fn declare(&self) {
+        self.declare_config(&self.config()).await;
+    }
+
+    pub async fn declare_config(&self, config: &ConsumerConfig) {
+        let channel = self.connection.create_channel().await.unwrap();
+        warren::declare(&channel, &warren::Topology::for_consumer(config))
+            .await
+            .unwrap();
+        let _ = channel.close(200, "ok".into()).await;
+    }
+
+    /// Builds a valid message of version 1.
+    pub fn message(job: &Job) -> Outgoing {
+        Outgoing::new(EVENT, 1, job).unwrap()
+    }
+
+    pub async fn publish(&self, message: &Outgoing) {
+        self.publisher
+            .publish(&self.exchange, "test.job", message)
+            .await
+            .unwrap();
+    }
+
+    pub async fn publish_raw(&self, body: &[u8], properties: BasicProperties) {
+        self.publisher
+            .publish_raw(&self.exchange, "test.job", body, properties)
+            .await
+            .unwrap();
+    }
+
+    /// Ready messages in `queue` (not counting unacked ones).
+    pub async fn ready(&self, queue: &str) -> u32 {
+        self.passive(queue).await.message_count()
+    }
+
+    /// Consumers subscribed to `queue`.
+    pub async fn consumers(&self, queue: &str) -> u32 {
+        self.passive(queue).await.consumer_count()
+    }
+
+    async fn passive(&self, queue: &str) -> lapin::Queue {
+        // A fresh channel: a passive declare of a missing queue closes its channel.
+        let channel = self.connection.create_channel().await.unwrap();
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "ok".into()).await;
+        q
+    }
+
+    /// Takes every message from `queue` (acking each).
+    pub async fn drain(&self, queue: &str) -> Vec<Delivery> {
+        let channel = self.connection.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(msg) = channel
+            .basic_get(queue.into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            msg.delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap();
+            out.push(msg.delivery);
+        }
+        let _ = channel.close(200, "ok".into()).await;
+        out
+    }
+
+    pub async fn delete_queue(&self, queue: &str) {
+        let channel = self.connection.create_channel().await.unwrap();
+        let _ = channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await;
+        let _ = channel.close(200, "ok".into()).await;
+    }
+
+    pub async fn cleanup(self) {
+        let mut queues = vec![self.queue.clone(), self.dead_letter_queue()];
+        queues.extend(self.extra_queues.lock().unwrap().drain(..));
+        for q in &queues {
+            self.delete_queue(q).await;
+        }
+        let channel = self.connection.create_channel().await.unwrap();
+        let _ = channel
+            .exchange_delete(self.exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+        let _ = self.connection.close(200, "ok".into()).await;
+    }
+}
+
+/// A consumer running in the background of a test.
+pub struct Running {
+    pub stats: StatsHandle,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    pub fn start<S: Store>(consumer: Consumer<S>) -> Self {
+        let stats = consumer.stats();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            consumer
+                .run(&amqp_url(), async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Running {
+            stats,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// Requests a graceful shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> Result<(), Error> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("consumer did not stop within 60 s")
+            .expect("consumer task panicked")
+    }
+
+    /// Waits until `applied + duplicates + dead_lettered` reaches `n`.
+    pub async fn settled(&self, n: u64, timeout: Duration) -> bool {
+        let stats = self.stats.clone();
+        wait_for(timeout, move || {
+            let s = stats.snapshot();
+            async move { s.applied + s.duplicates + s.dead_lettered >= n }
+        })
+        .await
+    }
+}
+
+/// Runs a test body once per backend.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name::<sqlx::Postgres>().await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name::<sqlx::Sqlite>().await
+                }
+            }
+        )*
+    };
+}
