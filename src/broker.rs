@@ -26,7 +26,9 @@ pub enum BrokerError {
     #[error("AMQP error: {0}")]
     Amqp(#[from] lapin::Error),
     /// The broker refused the message (publisher confirm `nack`).
-    #[error("the broker did not accept the message published to {exchange:?} with routing key {routing_key:?}")]
+    #[error(
+        "the broker did not accept the message published to {exchange:?} with routing key {routing_key:?}"
+    )]
     Nacked {
         /// Exchange published to.
         exchange: String,
@@ -34,7 +36,9 @@ pub enum BrokerError {
         routing_key: String,
     },
     /// The message reached no queue and came back (`mandatory` publish).
-    #[error("unroutable: no queue is bound to {exchange:?} for routing key {routing_key:?} ({reply})")]
+    #[error(
+        "unroutable: no queue is bound to {exchange:?} for routing key {routing_key:?} ({reply})"
+    )]
     Unroutable {
         /// Exchange published to.
         exchange: String,

@@ -19,11 +19,14 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
 use lapin::types::FieldTable;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::Error;
 use crate::broker::{self, Publisher};
 use crate::dead_letter::DeadLetterInfo;
 use crate::envelope::{DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage, Metadata};
@@ -34,7 +37,6 @@ use crate::registry::Registry;
 use crate::store::{InboxEntry, Store, StoreError};
 use crate::telemetry::{MessageFields, Outcome, StatsHandle, Telemetry};
 use crate::topology::{QueueType, Topology, dead_letter_queue_name};
-use crate::Error;
 
 /// Default number of unacknowledged deliveries the broker may push to one consumer.
 pub const DEFAULT_PREFETCH: u16 = 32;

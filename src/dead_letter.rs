@@ -110,9 +110,15 @@ impl DeadLetterInfo {
         let entries: [(&str, AMQPValue); 9] = [
             (HEADER_REASON, text(&self.reason)),
             (HEADER_ERROR, text(truncate(&self.error, MAX_ERROR_LEN))),
-            (HEADER_ATTEMPTS, AMQPValue::LongLongInt(self.attempts.into())),
+            (
+                HEADER_ATTEMPTS,
+                AMQPValue::LongLongInt(self.attempts.into()),
+            ),
             (HEADER_ORIGINAL_EXCHANGE, text(&self.original_exchange)),
-            (HEADER_ORIGINAL_ROUTING_KEY, text(&self.original_routing_key)),
+            (
+                HEADER_ORIGINAL_ROUTING_KEY,
+                text(&self.original_routing_key),
+            ),
             (HEADER_CONSUMER, text(&self.consumer)),
             (HEADER_QUEUE, text(&self.queue)),
             (HEADER_FIRST_FAILURE, time(first)),
@@ -131,7 +137,11 @@ impl DeadLetterInfo {
     /// the message carries no warren reason header.
     pub fn from_properties(properties: &BasicProperties) -> Option<Self> {
         let headers = properties.headers().as_ref()?;
-        let s = |name| header_str(headers, name).map(|c| c.into_owned()).unwrap_or_default();
+        let s = |name| {
+            header_str(headers, name)
+                .map(|c| c.into_owned())
+                .unwrap_or_default()
+        };
         let t = |name| {
             header_str(headers, name)
                 .and_then(|v| DateTime::parse_from_rfc3339(&v).ok())

@@ -336,7 +336,9 @@ mod tests {
     #[test]
     fn caused_by_carries_correlation_and_sets_causation() {
         let first = Outgoing::new("a.v1", 1, &1).unwrap();
-        let second = Outgoing::new("b.v1", 1, &2).unwrap().caused_by(first.meta());
+        let second = Outgoing::new("b.v1", 1, &2)
+            .unwrap()
+            .caused_by(first.meta());
         assert_eq!(second.meta().correlation_id, first.meta().correlation_id);
         assert_eq!(
             second.meta().causation_id.as_deref(),

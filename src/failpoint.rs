@@ -86,7 +86,15 @@ mod tests {
         );
         assert!(parse("").unwrap().is_empty());
         assert!(parse("nope=1").unwrap_err().contains("unknown crash point"));
-        assert!(parse("before-commit=2").unwrap_err().contains("from 0 to 1"));
-        assert!(parse("before-commit").unwrap_err().contains("NAME=PROBABILITY"));
+        assert!(
+            parse("before-commit=2")
+                .unwrap_err()
+                .contains("from 0 to 1")
+        );
+        assert!(
+            parse("before-commit")
+                .unwrap_err()
+                .contains("NAME=PROBABILITY")
+        );
     }
 }

@@ -1,1 +1,235 @@
-//! crash
+//! Crash points: a consumer process aborted at the worst moments, then restarted.
+//! The message comes back, and it is applied exactly once.
+//!
+//! The consumer runs in a subprocess: this test binary itself, re-run with only
+//! the ignored `crash::child` test selected and its instructions in the
+//! environment.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::{Postgres, Sqlite};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use warren::Consumer;
+
+use crate::util::{Backend, Job, TestBroker, amqp_url, routes, test_config, wait_for};
+
+const CHILD_ENV: &str = "WARREN_TEST_CHILD";
+const SIGABRT: i32 = 6;
+
+#[derive(Serialize, Deserialize)]
+struct ChildSpec {
+    backend: String,
+    db_url: String,
+    name: String,
+    queue: String,
+    exchange: String,
+}
+
+/// The consumer process. Does nothing unless started by a crash test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "started by the crash tests as a subprocess"]
+async fn child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let spec: ChildSpec = serde_json::from_str(&spec).unwrap();
+    tracing_subscriber::fmt()
+        .with_env_filter("warren=info")
+        .with_ansi(false)
+        .init();
+    match spec.backend.as_str() {
+        "postgres" => run_child::<Postgres>(spec).await,
+        "sqlite" => run_child::<Sqlite>(spec).await,
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+async fn run_child<B: Backend>(spec: ChildSpec) {
+    let store = B::open(&spec.db_url).await;
+    let config = test_config(&spec.name, &spec.queue, &spec.exchange);
+    let consumer = Consumer::new(config, store, routes::<B>());
+    let stats = consumer.stats();
+    consumer
+        .run(&amqp_url(), warren::shutdown_signal())
+        .await
+        .unwrap();
+    let s = stats.snapshot();
+    // The parent reads this line from the child's stdout.
+    #[allow(clippy::print_stdout)]
+    {
+        println!(
+            "CHILD_STATS applied={} duplicates={}",
+            s.applied, s.duplicates
+        );
+    }
+}
+
+struct ChildProcess {
+    child: Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+fn spawn<B: Backend>(db_url: &str, broker: &TestBroker, failpoints: Option<&str>) -> ChildProcess {
+    let spec = ChildSpec {
+        backend: <B as Backend>::NAME.into(),
+        db_url: db_url.into(),
+        name: broker.name.clone(),
+        queue: broker.queue.clone(),
+        exchange: broker.exchange.clone(),
+    };
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "crash::child",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD_ENV, serde_json::to_string(&spec).unwrap())
+    .env_remove(warren::failpoint::ENV)
+    .stdout(Stdio::piped())
+    .kill_on_drop(true);
+    if let Some(spec) = failpoints {
+        cmd.env(warren::failpoint::ENV, spec);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    ChildProcess { child, lines }
+}
+
+impl ChildProcess {
+    /// Reads output until a line contains all of `needles`.
+    async fn expect_line(&mut self, needles: &[&str]) -> String {
+        let read = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                if needles.iter().all(|n| line.contains(n)) {
+                    return line;
+                }
+            }
+            panic!("child exited without printing a line with {needles:?}");
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .unwrap_or_else(|_| panic!("no line with {needles:?} within 60 s"))
+    }
+
+    async fn wait_for_abort(mut self) {
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the crash point should have fired")
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(SIGABRT),
+            "aborted at the crash point: {status:?}"
+        );
+    }
+
+    /// Sends SIGTERM and returns the stats line the child prints on a clean exit.
+    async fn terminate(mut self) -> String {
+        let pid = self.child.id().unwrap();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let stats = self.expect_line(&["CHILD_STATS"]).await;
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the child should drain and exit after SIGTERM")
+            .unwrap();
+        assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+        stats
+    }
+}
+
+on_both_backends!(crash_after_commit_before_ack, crash_before_commit);
+
+/// Committed, then killed before the ack: the broker redelivers, the restarted
+/// consumer finds the inbox row and acks the copy as a duplicate. One effect.
+async fn crash_after_commit_before_ack<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let msg = TestBroker::message(&Job::ok());
+    broker.publish(&msg).await;
+    let id = msg.meta().message_id.clone();
+
+    spawn::<B>(&db.url, &broker, Some("after-commit-before-ack=1"))
+        .wait_for_abort()
+        .await;
+    assert_eq!(
+        db.effects_for(&id).await,
+        1,
+        "the transaction committed before the crash"
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&broker.queue).await == 1
+        })
+        .await,
+        "the unacked message is back in the queue"
+    );
+
+    let mut restarted = spawn::<B>(&db.url, &broker, None);
+    restarted
+        .expect_line(&["message processed", &id, "duplicate"])
+        .await;
+    let stats = restarted.terminate().await;
+    assert!(stats.contains("applied=0 duplicates=1"), "{stats}");
+    assert_eq!(db.effects_for(&id).await, 1, "applied exactly once");
+    assert_eq!(db.inbox(&broker.name).await, 1);
+    assert_eq!(
+        broker.ready(&broker.queue).await,
+        0,
+        "the duplicate was acked"
+    );
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Killed after the handler ran but before the commit: nothing was applied, the
+/// message comes back and is applied once.
+async fn crash_before_commit<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let msg = TestBroker::message(&Job::ok());
+    broker.publish(&msg).await;
+    let id = msg.meta().message_id.clone();
+
+    spawn::<B>(&db.url, &broker, Some("before-commit=1"))
+        .wait_for_abort()
+        .await;
+    assert_eq!(
+        db.effects_for(&id).await,
+        0,
+        "the transaction never committed"
+    );
+    assert_eq!(db.inbox(&broker.name).await, 0);
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&broker.queue).await == 1
+        })
+        .await,
+        "the unacked message is back in the queue"
+    );
+
+    let mut restarted = spawn::<B>(&db.url, &broker, None);
+    restarted
+        .expect_line(&["message processed", &id, "applied"])
+        .await;
+    let stats = restarted.terminate().await;
+    assert!(stats.contains("applied=1 duplicates=0"), "{stats}");
+    assert_eq!(db.effects_for(&id).await, 1, "applied exactly once");
+    assert_eq!(broker.ready(&broker.queue).await, 0);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}

@@ -70,8 +70,16 @@ async fn concurrent_copies_on_two_instances_apply_once<B: Backend>() {
 
     // Both instances subscribed before anything is published, so the broker
     // alternates between them.
-    let a = Running::start(Consumer::new(config.clone(), db.store.clone(), routes::<B>()));
-    let b = Running::start(Consumer::new(config.clone(), db.store.clone(), routes::<B>()));
+    let a = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let b = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
     let both_subscribed = crate::util::wait_for(Duration::from_secs(20), || async {
         broker.consumers(&broker.queue).await == 2
     })
@@ -117,9 +125,7 @@ async fn concurrent_copies_on_two_instances_apply_once<B: Backend>() {
 async fn two_consumer_names_each_apply_once<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let first = broker
-        .config()
-        .with_queue_type(warren::QueueType::Classic);
+    let first = broker.config().with_queue_type(warren::QueueType::Classic);
     let other_queue = unique("wt_other");
     broker.track_queue(&other_queue);
     broker.track_queue(&warren::dead_letter_queue_name(&other_queue));
@@ -135,8 +141,16 @@ async fn two_consumer_names_each_apply_once<B: Backend>() {
     for m in &messages {
         broker.publish(m).await;
     }
-    let a = Running::start(Consumer::new(first.clone(), db.store.clone(), routes::<B>()));
-    let b = Running::start(Consumer::new(second.clone(), db.store.clone(), routes::<B>()));
+    let a = Running::start(Consumer::new(
+        first.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let b = Running::start(Consumer::new(
+        second.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
     assert!(a.settled(5, Duration::from_secs(30)).await);
     assert!(b.settled(5, Duration::from_secs(30)).await);
     a.stop().await.unwrap();

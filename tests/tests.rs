@@ -5,6 +5,7 @@
 #[macro_use]
 mod util;
 
+#[cfg(feature = "failpoints")]
 mod crash;
 mod failures;
 mod inbox;

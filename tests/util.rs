@@ -18,8 +18,8 @@ use warren::lapin::options::{
 use warren::lapin::types::FieldTable;
 use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
 use warren::{
-    Consumer, ConsumerConfig, Error, HandlerError, Message, Outgoing, PgStore, Publisher,
-    Registry, SqliteStore, StatsHandle, Store, Tx,
+    Consumer, ConsumerConfig, Error, HandlerError, Message, Outgoing, PgStore, Publisher, Registry,
+    SqliteStore, StatsHandle, Store, Tx,
 };
 
 pub const EVENT: &str = "test.job";
@@ -121,6 +121,8 @@ pub fn attempt(message_id: &str) -> u32 {
 /// A database dialect under test.
 pub trait Backend: sqlx::Database {
     type S: Store<Db = Self>;
+    // Used by the crash tests, which need the `failpoints` feature.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     const NAME: &'static str;
     /// A fresh, private database with warren migrated and the effects table.
     fn create() -> impl Future<Output = TestDb<Self>> + Send;
@@ -138,6 +140,7 @@ pub trait Backend: sqlx::Database {
 pub struct TestDb<B: Backend> {
     pub store: B::S,
     /// A URL another process can open the same database with.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     pub url: String,
     cleanup: Cleanup,
 }
@@ -183,7 +186,8 @@ impl<B: Backend> TestDb<B> {
     }
 }
 
-const EFFECTS_PG: &str = "CREATE TABLE test_effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL)";
+const EFFECTS_PG: &str =
+    "CREATE TABLE test_effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL)";
 const EFFECTS_SQLITE: &str =
     "CREATE TABLE test_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)";
 
@@ -216,17 +220,12 @@ impl Backend for Postgres {
         PgStore::connect(url, 12).await.unwrap()
     }
 
-    fn insert_effect<'a>(
-        tx: &'a mut Tx<Self>,
-        message_id: &'a str,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-        async move {
-            sqlx::query("INSERT INTO test_effects (message_id) VALUES ($1)")
-                .bind(message_id)
-                .execute(tx.conn())
-                .await?;
-            Ok(())
-        }
+    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_effects (message_id) VALUES ($1)")
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
     }
 
     async fn count(store: &PgStore, sql: String) -> i64 {
@@ -261,17 +260,12 @@ impl Backend for Sqlite {
         SqliteStore::connect(url).await.unwrap()
     }
 
-    fn insert_effect<'a>(
-        tx: &'a mut Tx<Self>,
-        message_id: &'a str,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-        async move {
-            sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
-                .bind(message_id)
-                .execute(tx.conn())
-                .await?;
-            Ok(())
-        }
+    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
     }
 
     async fn count(store: &SqliteStore, sql: String) -> i64 {
@@ -304,9 +298,9 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
     match job.mode {
         Mode::Ok => Ok(()),
         Mode::Permanent => Err(HandlerError::permanent("the job says it can never succeed")),
-        Mode::Transient { n: fail } if n <= fail => {
-            Err(HandlerError::transient(format!("attempt {n} of a flaky job")))
-        }
+        Mode::Transient { n: fail } if n <= fail => Err(HandlerError::transient(format!(
+            "attempt {n} of a flaky job"
+        ))),
         Mode::Transient { .. } => Ok(()),
         Mode::PanicOnce if n == 1 => panic!("job panicked on attempt {n}"),
         Mode::PanicOnce => Ok(()),
@@ -317,6 +311,15 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
             Ok(())
         }
     }
+}
+
+/// A consumer configuration with short delays, so tests are quick.
+pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfig {
+    ConsumerConfig::new(name, queue)
+        .bind(exchange, ["test.#"])
+        .with_requeue_delay(Duration::from_millis(100))
+        .with_failure_backoff(Duration::from_millis(200))
+        .with_shutdown_timeout(Duration::from_secs(10))
 }
 
 pub fn routes<B: Backend>() -> Registry<B> {
@@ -349,13 +352,9 @@ impl TestBroker {
         }
     }
 
-    /// The default test consumer configuration: short delays so tests are quick.
+    /// The default test consumer configuration.
     pub fn config(&self) -> ConsumerConfig {
-        ConsumerConfig::new(&self.name, &self.queue)
-            .bind(&self.exchange, ["test.#"])
-            .with_requeue_delay(Duration::from_millis(100))
-            .with_failure_backoff(Duration::from_millis(200))
-            .with_shutdown_timeout(Duration::from_secs(10))
+        test_config(&self.name, &self.queue, &self.exchange)
     }
 
     /// Remembers another queue to delete at cleanup.
@@ -464,7 +463,10 @@ impl TestBroker {
         }
         let channel = self.connection.create_channel().await.unwrap();
         let _ = channel
-            .exchange_delete(self.exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await;
         let _ = self.connection.close(200, "ok".into()).await;
     }

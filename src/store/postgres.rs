@@ -74,9 +74,11 @@ impl Store for PgStore {
         let mut tx = conn.begin().await?;
         // Several processes may start at once; the lock (scoped to this schema and
         // released at commit) makes them apply migrations one after another.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))")
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))",
+        )
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS warren_migrations (
                 version    BIGINT      PRIMARY KEY,
