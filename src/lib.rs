@@ -26,47 +26,9 @@
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
 //!
-//! # A complete consumer
-//!
-//! ```no_run
-//! use serde::Deserialize;
-//! use sqlx::Sqlite;
-//! use warren::{Consumer, ConsumerConfig, HandlerError, Message, Registry, SqliteStore, Tx};
-//!
-//! #[derive(Deserialize)]
-//! #[serde(rename_all = "camelCase")]
-//! struct InvoicePaid {
-//!     invoice_id: String,
-//!     customer_id: String,
-//!     amount: f64,
-//! }
-//!
-//! // Runs inside the transaction that also claims the message id, so the insert
-//! // below happens once per message however often the message is delivered.
-//! async fn invoice_paid(msg: Message<InvoicePaid>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> {
-//!     if msg.payload.amount < 0.0 {
-//!         return Err(HandlerError::permanent("amount must not be negative"));
-//!     }
-//!     sqlx::query("INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)")
-//!         .bind(&msg.payload.customer_id)
-//!         .bind(msg.payload.amount.floor() as i64)
-//!         .bind(&msg.meta.message_id)
-//!         .execute(tx.conn())
-//!         .await?; // a database error is transient: the message is retried
-//!     Ok(())
-//! }
-//!
-//! #[tokio::main]
-//! async fn main() -> Result<(), warren::Error> {
-//!     let store = SqliteStore::connect("sqlite://billing.db").await?;
-//!     let routes = Registry::new().route("billing.invoice-paid.v1", 1, invoice_paid);
-//!     let config = ConsumerConfig::new("billing", "billing.invoice-paid")
-//!         .bind("billing.events", ["billing.invoice-paid.*"]);
-//!     Consumer::new(config, store, routes)
-//!         .run("amqp://guest:guest@127.0.0.1:5672/%2f", warren::shutdown_signal())
-//!         .await
-//! }
-//! ```
+//! The guide below is the README; its examples compile as doc-tests.
+#![doc = ""]
+#![doc = include_str!("../README.md")]
 
 mod broker;
 mod consumer;
