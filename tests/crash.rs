@@ -153,50 +153,18 @@ on_both_backends!(crash_after_commit_before_ack, crash_before_commit);
 /// Committed, then killed before the ack: the broker redelivers, the restarted
 /// consumer finds the inbox row and acks the copy as a duplicate. One effect.
 async fn crash_after_commit_before_ack<B: Backend>() {
-    let db = B::create().await;
-    let broker = TestBroker::new().await;
-    broker.declare().await;
-    let msg = TestBroker::message(&Job::ok());
-    broker.publish(&msg).await;
-    let id = msg.meta().message_id.clone();
-
-    spawn::<B>(&db.url, &broker, Some("after-commit-before-ack=1"))
-        .wait_for_abort()
-        .await;
-    assert_eq!(
-        db.effects_for(&id).await,
-        1,
-        "the transaction committed before the crash"
-    );
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            broker.ready(&broker.queue).await == 1
-        })
-        .await,
-        "the unacked message is back in the queue"
-    );
-
-    let mut restarted = spawn::<B>(&db.url, &broker, None);
-    restarted
-        .expect_line(&["message processed", &id, "duplicate"])
-        .await;
-    let stats = restarted.terminate().await;
-    assert!(stats.contains("applied=0 duplicates=1"), "{stats}");
-    assert_eq!(db.effects_for(&id).await, 1, "applied exactly once");
-    assert_eq!(db.inbox(&broker.name).await, 1);
-    assert_eq!(
-        broker.ready(&broker.queue).await,
-        0,
-        "the duplicate was acked"
-    );
-
-    broker.cleanup().await;
-    db.drop_db().await;
+    crash_then_restart::<B>("after-commit-before-ack", true).await;
 }
 
 /// Killed after the handler ran but before the commit: nothing was applied, the
 /// message comes back and is applied once.
 async fn crash_before_commit<B: Backend>() {
+    crash_then_restart::<B>("before-commit", false).await;
+}
+
+/// Publishes one message, runs a consumer that aborts at `point`, restarts it
+/// without crash points and checks the message was applied exactly once.
+async fn crash_then_restart<B: Backend>(point: &str, committed_before_crash: bool) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     broker.declare().await;
@@ -204,15 +172,16 @@ async fn crash_before_commit<B: Backend>() {
     broker.publish(&msg).await;
     let id = msg.meta().message_id.clone();
 
-    spawn::<B>(&db.url, &broker, Some("before-commit=1"))
+    spawn::<B>(&db.url, &broker, Some(&format!("{point}=1")))
         .wait_for_abort()
         .await;
+    let before = i64::from(committed_before_crash);
     assert_eq!(
         db.effects_for(&id).await,
-        0,
-        "the transaction never committed"
+        before,
+        "effects after a crash at {point}"
     );
-    assert_eq!(db.inbox(&broker.name).await, 0);
+    assert_eq!(db.inbox(&broker.name).await, before);
     assert!(
         wait_for(Duration::from_secs(10), || async {
             broker.ready(&broker.queue).await == 1
@@ -221,14 +190,24 @@ async fn crash_before_commit<B: Backend>() {
         "the unacked message is back in the queue"
     );
 
+    let (result, expected) = if committed_before_crash {
+        ("duplicate", "applied=0 duplicates=1")
+    } else {
+        ("applied", "applied=1 duplicates=0")
+    };
     let mut restarted = spawn::<B>(&db.url, &broker, None);
     restarted
-        .expect_line(&["message processed", &id, "applied"])
+        .expect_line(&["message processed", &id, result])
         .await;
     let stats = restarted.terminate().await;
-    assert!(stats.contains("applied=1 duplicates=0"), "{stats}");
+    assert!(stats.contains(expected), "{stats}");
     assert_eq!(db.effects_for(&id).await, 1, "applied exactly once");
-    assert_eq!(broker.ready(&broker.queue).await, 0);
+    assert_eq!(db.inbox(&broker.name).await, 1);
+    assert_eq!(
+        broker.ready(&broker.queue).await,
+        0,
+        "the redelivery was acked"
+    );
 
     broker.cleanup().await;
     db.drop_db().await;

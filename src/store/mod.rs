@@ -143,3 +143,47 @@ pub(crate) struct Migration {
     pub(crate) name: &'static str,
     pub(crate) statements: &'static [&'static str],
 }
+
+/// One dialect's migrations and its SQL for the bookkeeping table.
+pub(crate) struct Migrations {
+    pub(crate) create_table: &'static str,
+    pub(crate) record: &'static str,
+    pub(crate) list: &'static [Migration],
+}
+
+impl Migrations {
+    /// Applies the migrations not yet recorded, on a connection that is already in
+    /// a transaction holding the dialect's migration lock.
+    pub(crate) async fn apply<DB>(&self, conn: &mut DB::Connection) -> Result<(), StoreError>
+    where
+        DB: Database,
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        DB::Arguments: sqlx::IntoArguments<DB>,
+        i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        &'static str: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    {
+        sqlx::query(self.create_table).execute(&mut *conn).await?;
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM warren_migrations")
+            .fetch_all(&mut *conn)
+            .await?;
+        for m in self.list.iter().filter(|m| !applied.contains(&m.version)) {
+            for statement in m.statements {
+                sqlx::query(*statement)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|source| StoreError::Migration {
+                        version: m.version,
+                        name: m.name,
+                        source,
+                    })?;
+            }
+            sqlx::query(self.record)
+                .bind(m.version)
+                .bind(m.name)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+}

@@ -5,24 +5,32 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Postgres};
 
-use super::{InboxEntry, Migration, Store, StoreError, Tx};
+use super::{InboxEntry, Migration, Migrations, Store, StoreError, Tx};
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "inbox",
-    statements: &[
-        "CREATE TABLE warren_inbox (
-            consumer_name  TEXT        NOT NULL,
-            message_id     TEXT        NOT NULL,
-            event_type     TEXT        NOT NULL,
-            correlation_id TEXT        NULL,
-            received_at    TIMESTAMPTZ NOT NULL,
-            processed_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
-            PRIMARY KEY (consumer_name, message_id)
+const MIGRATIONS: Migrations = Migrations {
+    create_table: "CREATE TABLE IF NOT EXISTS warren_migrations (
+            version    BIGINT      PRIMARY KEY,
+            name       TEXT        NOT NULL,
+            applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
         )",
-        "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
-    ],
-}];
+    record: "INSERT INTO warren_migrations (version, name) VALUES ($1, $2)",
+    list: &[Migration {
+        version: 1,
+        name: "inbox",
+        statements: &[
+            "CREATE TABLE warren_inbox (
+                consumer_name  TEXT        NOT NULL,
+                message_id     TEXT        NOT NULL,
+                event_type     TEXT        NOT NULL,
+                correlation_id TEXT        NULL,
+                received_at    TIMESTAMPTZ NOT NULL,
+                processed_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                PRIMARY KEY (consumer_name, message_id)
+            )",
+            "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
+        ],
+    }],
+};
 
 /// A [`Store`] on PostgreSQL.
 ///
@@ -79,35 +87,7 @@ impl Store for PgStore {
         )
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS warren_migrations (
-                version    BIGINT      PRIMARY KEY,
-                name       TEXT        NOT NULL,
-                applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-            )",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM warren_migrations")
-            .fetch_all(&mut *tx)
-            .await?;
-        for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
-            for statement in m.statements {
-                sqlx::query(*statement)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|source| StoreError::Migration {
-                        version: m.version,
-                        name: m.name,
-                        source,
-                    })?;
-            }
-            sqlx::query("INSERT INTO warren_migrations (version, name) VALUES ($1, $2)")
-                .bind(m.version)
-                .bind(m.name)
-                .execute(&mut *tx)
-                .await?;
-        }
+        MIGRATIONS.apply::<Postgres>(&mut tx).await?;
         tx.commit().await?;
         Ok(())
     }

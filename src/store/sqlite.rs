@@ -8,24 +8,32 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection, Sqlite};
 
-use super::{InboxEntry, Migration, Store, StoreError, Tx};
+use super::{InboxEntry, Migration, Migrations, Store, StoreError, Tx};
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "inbox",
-    statements: &[
-        "CREATE TABLE warren_inbox (
-            consumer_name  TEXT NOT NULL,
-            message_id     TEXT NOT NULL,
-            event_type     TEXT NOT NULL,
-            correlation_id TEXT NULL,
-            received_at    TEXT NOT NULL,
-            processed_at   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-            PRIMARY KEY (consumer_name, message_id)
+const MIGRATIONS: Migrations = Migrations {
+    create_table: "CREATE TABLE IF NOT EXISTS warren_migrations (
+            version    INTEGER PRIMARY KEY,
+            name       TEXT NOT NULL,
+            applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
         )",
-        "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
-    ],
-}];
+    record: "INSERT INTO warren_migrations (version, name) VALUES (?, ?)",
+    list: &[Migration {
+        version: 1,
+        name: "inbox",
+        statements: &[
+            "CREATE TABLE warren_inbox (
+                consumer_name  TEXT NOT NULL,
+                message_id     TEXT NOT NULL,
+                event_type     TEXT NOT NULL,
+                correlation_id TEXT NULL,
+                received_at    TEXT NOT NULL,
+                processed_at   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+                PRIMARY KEY (consumer_name, message_id)
+            )",
+            "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
+        ],
+    }],
+};
 
 /// Default time a writer waits for SQLite's write lock before giving up.
 pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -84,35 +92,7 @@ impl Store for SqliteStore {
         // BEGIN IMMEDIATE takes the write lock first, so concurrent starters apply
         // migrations one after another.
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS warren_migrations (
-                version    INTEGER PRIMARY KEY,
-                name       TEXT NOT NULL,
-                applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-            )",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM warren_migrations")
-            .fetch_all(&mut *tx)
-            .await?;
-        for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
-            for statement in m.statements {
-                sqlx::query(*statement)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|source| StoreError::Migration {
-                        version: m.version,
-                        name: m.name,
-                        source,
-                    })?;
-            }
-            sqlx::query("INSERT INTO warren_migrations (version, name) VALUES (?, ?)")
-                .bind(m.version)
-                .bind(m.name)
-                .execute(&mut *tx)
-                .await?;
-        }
+        MIGRATIONS.apply::<Sqlite>(&mut tx).await?;
         tx.commit().await?;
         Ok(())
     }
