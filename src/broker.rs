@@ -8,6 +8,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
@@ -47,12 +48,30 @@ pub enum BrokerError {
         /// The broker's reply text.
         reply: String,
     },
+    /// A queue already exists with arguments other than the ones declared.
+    #[error(
+        "queue {queue:?} already exists with different arguments: {broker}. warren declares it with {wanted}. \
+         Either configure the consumer to match the existing queue, or drain and delete the queue so it can be declared again"
+    )]
+    TopologyDrift {
+        /// The queue.
+        queue: String,
+        /// The broker's explanation, naming the argument that differs.
+        broker: String,
+        /// The arguments warren declared.
+        wanted: String,
+    },
     /// No confirm arrived in time.
     #[error("no publisher confirm within {0:?}")]
     ConfirmTimeout(Duration),
 }
 
 impl BrokerError {
+    /// True if a declared queue exists with other arguments.
+    pub fn is_topology_drift(&self) -> bool {
+        matches!(self, BrokerError::TopologyDrift { .. })
+    }
+
     /// True if the message was returned as unroutable.
     pub fn is_unroutable(&self) -> bool {
         matches!(self, BrokerError::Unroutable { .. })
@@ -78,14 +97,34 @@ fn field_table(arguments: &std::collections::BTreeMap<String, ArgValue>) -> Fiel
 }
 
 async fn declare_queue(channel: &Channel, queue: &QueueSpec) -> Result<(), BrokerError> {
-    channel
+    let declared = channel
         .queue_declare(
             queue.name.as_str().into(),
             QueueDeclareOptions::durable(),
             field_table(&queue.arguments),
         )
-        .await?;
-    Ok(())
+        .await;
+    match declared {
+        Ok(_) => Ok(()),
+        Err(e) => match e.kind() {
+            lapin::ErrorKind::ProtocolError(amqp)
+                if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) =>
+            {
+                let wanted = queue
+                    .arguments
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                Err(BrokerError::TopologyDrift {
+                    queue: queue.name.clone(),
+                    broker: amqp.get_message().to_string(),
+                    wanted,
+                })
+            }
+            _ => Err(e.into()),
+        },
+    }
 }
 
 /// Declares `topology` idempotently: durable exchanges, durable queues with their

@@ -18,25 +18,33 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures_util::{FutureExt, StreamExt};
+use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::Error;
 use crate::broker::{self, Publisher};
-use crate::dead_letter::DeadLetterInfo;
-use crate::envelope::{DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage, Metadata};
+use crate::dead_letter::{
+    self, DeadLetterInfo, HEADER_ATTEMPT, HEADER_FIRST_FAILURE, HEADER_LAST_ERROR,
+    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, header_int,
+    header_str,
+};
+use crate::envelope::{
+    DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage, Metadata, PERSISTENT,
+};
 use crate::failpoint;
 use crate::failure::{DeadLetterReason, HandlerError};
 use crate::handler::BoundCall;
 use crate::registry::Registry;
+use crate::retry::{RetryDecision, RetryPolicy};
 use crate::store::{InboxEntry, Store, StoreError};
 use crate::telemetry::{MessageFields, Outcome, StatsHandle, Telemetry};
-use crate::topology::{QueueType, Topology, dead_letter_queue_name};
+use crate::topology::{QueueType, Topology, dead_letter_queue_name, retry_queue_name};
 
 /// Default number of unacknowledged deliveries the broker may push to one consumer.
 pub const DEFAULT_PREFETCH: u16 = 32;
@@ -44,10 +52,8 @@ pub const DEFAULT_PREFETCH: u16 = 32;
 pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Default time in-flight messages get to finish after shutdown is requested.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default wait before a transiently failed delivery is returned to the queue.
-pub const DEFAULT_REQUEUE_DELAY: Duration = Duration::from_secs(1);
 /// Default wait before returning a delivery whose outcome could not be recorded
-/// (database or dead-letter queue unreachable), so that nothing spins hot.
+/// (retry or dead-letter queue unreachable), so that nothing spins hot.
 pub const DEFAULT_FAILURE_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Everything that defines one consumer. Build with [`ConsumerConfig::new`] and the
@@ -73,8 +79,8 @@ pub struct ConsumerConfig {
     pub max_body_bytes: usize,
     /// How long in-flight messages may take to finish after shutdown is requested.
     pub shutdown_timeout: Duration,
-    /// Wait before a transiently failed delivery is returned to the queue.
-    pub requeue_delay: Duration,
+    /// Delay tiers, attempt limit and poison limit.
+    pub retry: RetryPolicy,
     /// Wait before a delivery is returned when its outcome could not be recorded.
     pub failure_backoff: Duration,
 }
@@ -93,7 +99,7 @@ impl ConsumerConfig {
             concurrency: DEFAULT_CONCURRENCY,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
-            requeue_delay: DEFAULT_REQUEUE_DELAY,
+            retry: RetryPolicy::default(),
             failure_backoff: DEFAULT_FAILURE_BACKOFF,
         }
     }
@@ -139,9 +145,9 @@ impl ConsumerConfig {
         self
     }
 
-    /// Sets the delay before a transiently failed delivery is requeued.
-    pub fn with_requeue_delay(mut self, delay: Duration) -> Self {
-        self.requeue_delay = delay;
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
         self
     }
 
@@ -154,6 +160,11 @@ impl ConsumerConfig {
     /// The dead-letter queue's name.
     pub fn dead_letter_queue(&self) -> String {
         dead_letter_queue_name(&self.queue)
+    }
+
+    /// The retry queue's name for a tier.
+    pub fn retry_queue(&self, delay: Duration) -> String {
+        retry_queue_name(&self.queue, delay)
     }
 
     /// Checks every setting; the error names the setting and what is allowed.
@@ -183,6 +194,7 @@ impl ConsumerConfig {
                 self.concurrency, self.prefetch
             ));
         }
+        self.retry.validate().map_err(Error::Config)?;
         if self.max_body_bytes == 0 {
             return fail("max body size must be at least 1 byte".into());
         }
@@ -388,33 +400,95 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// How a delivery's earlier life reads from its headers.
+struct History {
+    /// Failed attempts before this one (`x-warren-attempt`).
+    failed_attempts: u32,
+    /// Times the broker handed the message out before without an outcome
+    /// (quorum queues' `x-delivery-count`).
+    broker_deliveries: Option<u32>,
+}
+
+impl History {
+    fn of(delivery: &Delivery) -> Self {
+        let headers = delivery.properties.headers().as_ref();
+        let int = |name| {
+            headers
+                .and_then(|h| header_int(h, name))
+                .and_then(|v| u32::try_from(v).ok())
+        };
+        Self {
+            failed_attempts: int(HEADER_ATTEMPT).unwrap_or(0),
+            broker_deliveries: int("x-delivery-count"),
+        }
+    }
+}
+
+fn message_id_of(delivery: &Delivery) -> &str {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.as_str())
+        .unwrap_or_default()
+}
+
 impl<S: Store> Inner<S> {
     /// One delivery, start to finish.
     async fn process(&self, publisher: &Publisher, delivery: Delivery) {
         let started = Instant::now();
         let received_at = Utc::now();
+        let history = History::of(&delivery);
         self.telemetry.in_flight(1.0);
         let (outcome, meta) = match self.prepare(&delivery) {
             Err(invalid) => {
                 let outcome = self
-                    .dead_letter(publisher, &delivery, invalid.reason, &invalid.detail)
+                    .dead_letter(publisher, &delivery, invalid.reason, &invalid.detail, 1)
                     .await;
                 (outcome, None)
             }
             Ok(Prepared { meta, call }) => {
-                let entry = InboxEntry {
-                    consumer_name: &self.config.name,
-                    message_id: &meta.message_id,
-                    event_type: &meta.event_type,
-                    correlation_id: Some(&meta.correlation_id),
-                    received_at,
+                let outcome = match self.poison_check(&delivery, &meta, &history).await {
+                    Some(deliveries) => {
+                        let detail = format!(
+                            "delivered {deliveries} times without an outcome being recorded; \
+                             the process probably died handling it"
+                        );
+                        let outcome = self
+                            .dead_letter(
+                                publisher,
+                                &delivery,
+                                DeadLetterReason::Poison,
+                                &detail,
+                                history.failed_attempts + 1,
+                            )
+                            .await;
+                        if matches!(outcome, Outcome::DeadLettered(_)) && self.counts_redeliveries()
+                        {
+                            let _ = self
+                                .store
+                                .clear_redeliveries(None, &self.config.name, &meta.message_id)
+                                .await;
+                        }
+                        outcome
+                    }
+                    None => {
+                        let entry = InboxEntry {
+                            consumer_name: &self.config.name,
+                            message_id: &meta.message_id,
+                            event_type: &meta.event_type,
+                            correlation_id: Some(&meta.correlation_id),
+                            received_at,
+                        };
+                        let forget_redeliveries =
+                            delivery.redelivered && self.counts_redeliveries();
+                        let applied = self.apply(call, &entry, forget_redeliveries).await;
+                        self.settle(publisher, &delivery, &history, applied).await
+                    }
                 };
-                let applied = self.apply(call, &entry).await;
-                let outcome = self.settle(publisher, &delivery, applied).await;
                 (outcome, Some(meta))
             }
         };
-        let property_id = delivery.properties.message_id().as_ref();
         let fields = match &meta {
             Some(m) => MessageFields {
                 message_id: &m.message_id,
@@ -422,16 +496,56 @@ impl<S: Store> Inner<S> {
                 correlation_id: &m.correlation_id,
                 causation_id: m.causation_id.as_deref().unwrap_or_default(),
                 redelivered: delivery.redelivered,
-                retry_attempt: 0,
+                retry_attempt: history.failed_attempts,
             },
             None => MessageFields {
-                message_id: property_id.map(|s| s.as_str()).unwrap_or_default(),
+                message_id: message_id_of(&delivery),
                 redelivered: delivery.redelivered,
+                retry_attempt: history.failed_attempts,
                 ..MessageFields::default()
             },
         };
         self.telemetry.record(outcome, &fields, started.elapsed());
         self.telemetry.in_flight(-1.0);
+    }
+
+    /// Classic queues keep no delivery count, so redeliveries are counted in the
+    /// database instead.
+    fn counts_redeliveries(&self) -> bool {
+        self.config.queue_type == QueueType::Classic
+    }
+
+    /// `Some(deliveries)` if the message has been handed out so often without any
+    /// outcome that it must be killing the process: poison.
+    async fn poison_check(
+        &self,
+        delivery: &Delivery,
+        meta: &Metadata,
+        history: &History,
+    ) -> Option<u32> {
+        let limit = self.config.retry.poison_limit();
+        let deliveries = match self.config.queue_type {
+            QueueType::Quorum => history.broker_deliveries.unwrap_or(0),
+            // Only a redelivery can be part of a crash loop; warren's own returns
+            // to the queue are fresh copies, so they are not counted.
+            QueueType::Classic if delivery.redelivered => {
+                match self
+                    .store
+                    .record_redelivery(&self.config.name, &meta.message_id)
+                    .await
+                {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // Without the count this delivery proceeds; the next one is
+                        // counted again.
+                        tracing::warn!(message_id = %meta.message_id, error = %e, "cannot count a redelivery");
+                        0
+                    }
+                }
+            }
+            QueueType::Classic => 0,
+        };
+        (deliveries >= limit).then_some(deliveries)
     }
 
     /// Validates the delivery and binds it to its handler. No database, no broker.
@@ -476,6 +590,7 @@ impl<S: Store> Inner<S> {
         &self,
         call: Box<dyn BoundCall<S::Db>>,
         entry: &InboxEntry<'_>,
+        forget_redeliveries: bool,
     ) -> Result<bool, Failure> {
         let mut tx = self.store.begin().await.map_err(Failure::Store)?;
         // The insert is the claim: a copy in flight elsewhere blocks here until the
@@ -485,8 +600,20 @@ impl<S: Store> Inner<S> {
             .claim(&mut tx, entry)
             .await
             .map_err(Failure::Store)?;
+        if forget_redeliveries {
+            self.store
+                .clear_redeliveries(Some(&mut tx), entry.consumer_name, entry.message_id)
+                .await
+                .map_err(Failure::Store)?;
+        }
         if !claimed {
-            let _ = tx.rollback().await;
+            // Commit rather than roll back only when there is a redelivery count
+            // to forget; otherwise nothing was written.
+            if forget_redeliveries {
+                tx.commit().await.map_err(Failure::Store)?;
+            } else {
+                let _ = tx.rollback().await;
+            }
             return Ok(false);
         }
         let handled = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
@@ -515,96 +642,128 @@ impl<S: Store> Inner<S> {
         &self,
         publisher: &Publisher,
         delivery: &Delivery,
+        history: &History,
         applied: Result<bool, Failure>,
     ) -> Outcome {
-        let message_id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|s| s.as_str())
-            .unwrap_or_default();
-        match applied {
+        let attempt = history.failed_attempts + 1;
+        let (error, retry_after) = match applied {
             Ok(committed) => {
-                self.ack(delivery, message_id).await;
-                if committed {
+                self.ack(delivery).await;
+                return if committed {
                     Outcome::Applied
                 } else {
                     Outcome::Duplicate
-                }
+                };
             }
             Err(Failure::Handler(HandlerError::Permanent { error })) => {
+                return self
+                    .dead_letter(
+                        publisher,
+                        delivery,
+                        DeadLetterReason::Permanent,
+                        &error.to_string(),
+                        attempt,
+                    )
+                    .await;
+            }
+            Err(Failure::Handler(e @ HandlerError::Transient { .. })) => {
+                (e.error().to_string(), e.retry_after_hint())
+            }
+            Err(Failure::Panic(text)) => (format!("handler panicked: {text}"), None),
+            // A database that cannot be reached is a transient failure like any
+            // other: the message waits in a retry tier instead of spinning here.
+            Err(Failure::Store(e)) => (e.to_string(), None),
+        };
+        match self.config.retry.decide(attempt, retry_after) {
+            RetryDecision::Retry { delay, attempt } => {
+                self.retry(publisher, delivery, delay, attempt, &error)
+                    .await
+            }
+            RetryDecision::Exhausted { attempts } => {
                 self.dead_letter(
                     publisher,
                     delivery,
-                    DeadLetterReason::Permanent,
-                    &error.to_string(),
+                    DeadLetterReason::RetriesExhausted,
+                    &error,
+                    attempts,
                 )
                 .await
             }
-            Err(Failure::Handler(e @ HandlerError::Transient { .. })) => {
-                tracing::warn!(message_id, error = %e, "transient failure; requeueing");
-                self.requeue(delivery, message_id, self.config.requeue_delay)
-                    .await;
-                Outcome::Requeued
-            }
-            Err(Failure::Panic(text)) => {
-                tracing::error!(message_id, panic = %text, "handler panicked; treated as transient");
-                self.requeue(delivery, message_id, self.config.requeue_delay)
-                    .await;
-                Outcome::Requeued
-            }
-            Err(Failure::Store(e)) => {
-                tracing::warn!(message_id, error = %e, "database unavailable; requeueing after backoff");
-                self.requeue(delivery, message_id, self.config.failure_backoff)
-                    .await;
-                Outcome::Requeued
-            }
         }
     }
 
-    async fn ack(&self, delivery: &Delivery, message_id: &str) {
+    async fn ack(&self, delivery: &Delivery) {
         match delivery.acker.ack(BasicAckOptions::default()).await {
             Ok(true) => {}
-            Ok(false) | Err(_) => self.telemetry.ack_lost(message_id),
+            Ok(false) | Err(_) => self.telemetry.ack_lost(message_id_of(delivery)),
         }
     }
 
-    /// Returns the delivery to the queue after `delay`, so a failing message does
-    /// not spin hot.
-    async fn requeue(&self, delivery: &Delivery, message_id: &str, delay: Duration) {
-        tokio::time::sleep(delay).await;
-        let requeue = BasicNackOptions {
-            multiple: false,
-            requeue: true,
-        };
-        if !matches!(delivery.acker.nack(requeue).await, Ok(true)) {
-            // The channel is gone; the broker requeues the delivery by itself.
-            tracing::warn!(message_id, "nack not delivered; the broker will redeliver");
+    /// Sends a copy to the retry tier of `delay`, waits for the confirm, then acks
+    /// the original.
+    async fn retry(
+        &self,
+        publisher: &Publisher,
+        delivery: &Delivery,
+        delay: Duration,
+        attempt: u32,
+        error: &str,
+    ) -> Outcome {
+        let target = self.config.retry_queue(delay);
+        let properties = retry_properties(delivery, attempt, error);
+        match publisher
+            .publish_raw("", &target, &delivery.data, properties)
+            .await
+        {
+            Ok(()) => {
+                tracing::warn!(
+                    message_id = message_id_of(delivery),
+                    attempt,
+                    retry_in = %crate::retry::Delay(delay),
+                    error,
+                    "transient failure; retrying later"
+                );
+                self.ack(delivery).await;
+                Outcome::Retried
+            }
+            Err(e) => {
+                tracing::error!(
+                    message_id = message_id_of(delivery),
+                    error = %e,
+                    "cannot reach the retry queue {target:?}; returning the message to its queue"
+                );
+                self.return_to_queue(publisher, delivery).await;
+                Outcome::Returned
+            }
         }
     }
 
     /// Moves the delivery to the dead-letter queue: republish with confirm, then
-    /// ack. If the dead-letter queue cannot take it, the delivery goes back to the
-    /// queue after a backoff; it is never dropped.
+    /// ack. If the dead-letter queue cannot take it, the delivery goes back to its
+    /// queue; it is never dropped.
     async fn dead_letter(
         &self,
         publisher: &Publisher,
         delivery: &Delivery,
         reason: DeadLetterReason,
         detail: &str,
+        attempts: u32,
     ) -> Outcome {
-        let message_id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|s| s.as_str())
-            .unwrap_or_default();
+        let headers = delivery.properties.headers().clone().unwrap_or_default();
+        let original = |name, fallback: &str| {
+            header_str(&headers, name)
+                .map(|c| c.into_owned())
+                .unwrap_or_else(|| fallback.to_owned())
+        };
         let info = DeadLetterInfo {
             reason: reason.as_str().to_owned(),
             error: detail.to_owned(),
-            attempts: 1,
-            original_exchange: delivery.exchange.to_string(),
-            original_routing_key: delivery.routing_key.to_string(),
+            attempts,
+            original_exchange: original(HEADER_ORIGINAL_EXCHANGE, delivery.exchange.as_str()),
+            original_routing_key: original(
+                HEADER_ORIGINAL_ROUTING_KEY,
+                delivery.routing_key.as_str(),
+            ),
             consumer: self.config.name.clone(),
             queue: self.config.queue.clone(),
             first_failure: None,
@@ -617,21 +776,120 @@ impl<S: Store> Inner<S> {
             .await
         {
             Ok(()) => {
-                tracing::error!(message_id, reason = %reason, error = detail, "dead-lettered");
-                self.ack(delivery, message_id).await;
+                tracing::error!(
+                    message_id = message_id_of(delivery),
+                    reason = %reason,
+                    error = detail,
+                    "dead-lettered"
+                );
+                self.ack(delivery).await;
                 Outcome::DeadLettered(reason)
             }
             Err(e) => {
                 tracing::error!(
-                    message_id,
+                    message_id = message_id_of(delivery),
                     reason = %reason,
                     error = %e,
                     "cannot reach the dead-letter queue {target:?}; returning the message to its queue"
                 );
-                self.requeue(delivery, message_id, self.config.failure_backoff)
-                    .await;
-                Outcome::DeadLetterFailed
+                self.return_to_queue(publisher, delivery).await;
+                Outcome::Returned
             }
         }
     }
+
+    /// Puts a delivery whose outcome could not be recorded back in its queue after
+    /// a backoff, so nothing is lost and nothing spins hot.
+    ///
+    /// The copy is republished (with confirm) and the original acked, rather than
+    /// nacked: a nack would count as a delivery without outcome and, repeated
+    /// through an outage, would make a healthy message look like poison. Only if
+    /// the main queue cannot take the copy either is the original nacked.
+    async fn return_to_queue(&self, publisher: &Publisher, delivery: &Delivery) {
+        tokio::time::sleep(self.config.failure_backoff).await;
+        let properties = without_broker_headers(&delivery.properties);
+        match publisher
+            .publish_raw("", &self.config.queue, &delivery.data, properties)
+            .await
+        {
+            Ok(()) => self.ack(delivery).await,
+            Err(e) => {
+                tracing::warn!(
+                    message_id = message_id_of(delivery),
+                    error = %e,
+                    "cannot republish to the main queue either; nacking for redelivery"
+                );
+                let requeue = BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                };
+                if !matches!(delivery.acker.nack(requeue).await, Ok(true)) {
+                    // The channel is gone; the broker requeues the delivery itself.
+                    tracing::warn!(
+                        message_id = message_id_of(delivery),
+                        "nack not delivered; the broker will redeliver"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Headers the broker adds on its own (dead-lettering history, quorum delivery
+/// count). A republished copy drops them: they describe the old copy's life, and
+/// newer brokers ignore client-set `x-death` anyway.
+const BROKER_HEADERS: &[&str] = &[
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-delivery-count",
+];
+
+fn without_broker_headers(properties: &BasicProperties) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties.clone();
+    };
+    let kept: std::collections::BTreeMap<_, _> = headers
+        .inner()
+        .iter()
+        .filter(|(k, _)| !BROKER_HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    properties.clone().with_headers(FieldTable::from(kept))
+}
+
+/// The properties of a copy bound for a retry tier: the original's, with the
+/// attempt count, failure times, last error and original route recorded.
+fn retry_properties(delivery: &Delivery, attempt: u32, error: &str) -> BasicProperties {
+    let base = without_broker_headers(&delivery.properties);
+    let mut headers = base.headers().clone().unwrap_or_default();
+    let now = dead_letter::time(Utc::now());
+    let mut set_once = |name: &str, value: AMQPValue| {
+        if !headers.contains_key(name) {
+            headers.insert(name.into(), value);
+        }
+    };
+    set_once(HEADER_FIRST_FAILURE, now.clone());
+    set_once(
+        HEADER_ORIGINAL_EXCHANGE,
+        dead_letter::text(delivery.exchange.as_str()),
+    );
+    set_once(
+        HEADER_ORIGINAL_ROUTING_KEY,
+        dead_letter::text(delivery.routing_key.as_str()),
+    );
+    headers.insert(
+        HEADER_ATTEMPT.into(),
+        AMQPValue::LongLongInt(attempt.into()),
+    );
+    headers.insert(HEADER_LAST_FAILURE.into(), now);
+    headers.insert(
+        HEADER_LAST_ERROR.into(),
+        dead_letter::text(dead_letter::truncate(error, dead_letter::MAX_ERROR_LEN)),
+    );
+    base.with_headers(headers).with_delivery_mode(PERSISTENT)
 }

@@ -7,6 +7,14 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::envelope::PERSISTENT;
 
+/// Header: failed attempts so far, set on copies sent to retry tiers. warren
+/// counts attempts here, never in `x-death`.
+pub const HEADER_ATTEMPT: &str = "x-warren-attempt";
+/// Header: the error of the last failed attempt, on retry copies.
+pub const HEADER_LAST_ERROR: &str = "x-warren-last-error";
+/// Header: when the message was last replayed from the dead-letter queue.
+pub const HEADER_REPLAYED_AT: &str = "x-warren-replayed-at";
+
 /// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::DeadLetterReason) name).
 pub const HEADER_REASON: &str = "x-warren-reason";
 /// Header: the error text.
@@ -53,7 +61,7 @@ pub struct DeadLetterInfo {
     pub last_failure: Option<DateTime<Utc>>,
 }
 
-fn truncate(s: &str, max: usize) -> &str {
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }
@@ -64,11 +72,11 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-fn time(t: DateTime<Utc>) -> AMQPValue {
+pub(crate) fn time(t: DateTime<Utc>) -> AMQPValue {
     AMQPValue::LongString(t.to_rfc3339_opts(SecondsFormat::Millis, true).into())
 }
 
-fn text(s: &str) -> AMQPValue {
+pub(crate) fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
 
@@ -133,10 +141,14 @@ impl DeadLetterInfo {
             .with_delivery_mode(PERSISTENT)
     }
 
-    /// Reads the record back from a dead-lettered message's properties. `None` if
-    /// the message carries no warren reason header.
+    /// Reads the record back from a dead-lettered message's properties. A copy the
+    /// broker dead-lettered itself at the queue's delivery limit (the poison
+    /// backstop) reads as reason `poison`. `None` if the message carries neither.
     pub fn from_properties(properties: &BasicProperties) -> Option<Self> {
         let headers = properties.headers().as_ref()?;
+        if header_str(headers, HEADER_REASON).is_none() {
+            return broker_dead_lettered(headers);
+        }
         let s = |name| {
             header_str(headers, name)
                 .map(|c| c.into_owned())
@@ -161,6 +173,46 @@ impl DeadLetterInfo {
             last_failure: t(HEADER_LAST_FAILURE),
         })
     }
+}
+
+/// The record of a message the broker dead-lettered at the delivery limit.
+fn broker_dead_lettered(headers: &FieldTable) -> Option<DeadLetterInfo> {
+    let deaths = match headers.inner().get("x-death")? {
+        AMQPValue::FieldArray(a) => a,
+        _ => return None,
+    };
+    let death = deaths.as_slice().iter().find_map(|d| match d {
+        AMQPValue::FieldTable(t)
+            if header_str(t, "reason").as_deref() == Some("delivery_limit") =>
+        {
+            Some(t)
+        }
+        _ => None,
+    })?;
+    let queue = header_str(death, "queue")
+        .map(|c| c.into_owned())
+        .unwrap_or_default();
+    let when = match death.inner().get("time") {
+        Some(AMQPValue::Timestamp(t)) => DateTime::from_timestamp(i64::try_from(*t).ok()?, 0),
+        _ => None,
+    };
+    Some(DeadLetterInfo {
+        reason: crate::DeadLetterReason::Poison.as_str().to_owned(),
+        error: "the broker's delivery limit was reached".to_owned(),
+        attempts: header_int(headers, HEADER_ATTEMPT)
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(0),
+        original_exchange: header_str(headers, HEADER_ORIGINAL_EXCHANGE)
+            .map(|c| c.into_owned())
+            .unwrap_or_default(),
+        original_routing_key: header_str(headers, HEADER_ORIGINAL_ROUTING_KEY)
+            .map(|c| c.into_owned())
+            .unwrap_or_default(),
+        consumer: String::new(),
+        queue,
+        first_failure: when,
+        last_failure: when,
+    })
 }
 
 #[cfg(test)]

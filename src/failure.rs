@@ -150,11 +150,16 @@ pub enum DeadLetterReason {
     InvalidPayload,
     /// The handler returned a permanent failure.
     Permanent,
+    /// Every attempt the retry policy allows failed transiently.
+    RetriesExhausted,
+    /// Delivered again and again without any outcome being recorded: the message
+    /// keeps killing the process that handles it.
+    Poison,
 }
 
 impl DeadLetterReason {
     /// Every reason, for reports and tests.
-    pub const ALL: [DeadLetterReason; 10] = [
+    pub const ALL: [DeadLetterReason; 12] = [
         DeadLetterReason::BodyTooLarge,
         DeadLetterReason::InvalidContentType,
         DeadLetterReason::MissingMessageId,
@@ -165,6 +170,8 @@ impl DeadLetterReason {
         DeadLetterReason::UnknownSchemaVersion,
         DeadLetterReason::InvalidPayload,
         DeadLetterReason::Permanent,
+        DeadLetterReason::RetriesExhausted,
+        DeadLetterReason::Poison,
     ];
 
     /// The stable, kebab-case name used in headers, metrics and the CLI.
@@ -180,6 +187,8 @@ impl DeadLetterReason {
             DeadLetterReason::UnknownSchemaVersion => "unknown-schema-version",
             DeadLetterReason::InvalidPayload => "invalid-payload",
             DeadLetterReason::Permanent => "permanent-failure",
+            DeadLetterReason::RetriesExhausted => "retries-exhausted",
+            DeadLetterReason::Poison => "poison",
         }
     }
 

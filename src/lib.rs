@@ -17,6 +17,7 @@
 //! - `handler`: the handler API: [`Message`], the [`Handler`] trait every `async fn` fits.
 //! - `registry`: the allowlist from `(event type, schema version)` to handler ([`Registry`]).
 //! - `failure`: the failure taxonomy: [`HandlerError`], [`DeadLetterReason`].
+//! - `retry`: delay tiers, attempt and poison limits as data ([`RetryPolicy`]).
 //! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
 //! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
 //! - `topology`: exchanges and queues as data ([`Topology`]).
@@ -39,6 +40,7 @@ pub mod failpoint;
 mod failure;
 mod handler;
 mod registry;
+mod retry;
 mod shutdown;
 mod store;
 mod telemetry;
@@ -47,12 +49,13 @@ mod topology;
 pub use broker::{BrokerError, CONFIRM_TIMEOUT, Publisher, connect, declare};
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
-    DEFAULT_REQUEUE_DELAY, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT,
 };
 pub use dead_letter::{
-    DeadLetterInfo, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
-    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE,
-    HEADER_REASON, header_int, header_str,
+    DeadLetterInfo, HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR,
+    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,
+    HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, header_int,
+    header_str,
 };
 pub use envelope::{
     CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
@@ -62,6 +65,9 @@ pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
 pub use handler::{Handler, Message};
 pub use registry::Registry;
+pub use retry::{
+    DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,
+};
 pub use shutdown::shutdown_signal;
 #[cfg(feature = "postgres")]
 pub use store::PgStore;
@@ -71,7 +77,7 @@ pub use store::{InboxEntry, Store, StoreError, Tx};
 pub use telemetry::{ConsumerStats, Outcome, StatsHandle};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
-    dead_letter_queue_name,
+    dead_letter_queue_name, retry_queue_name,
 };
 
 /// The AMQP client warren is built on, re-exported so that applications use the

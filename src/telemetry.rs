@@ -21,11 +21,11 @@ pub enum Outcome {
     Duplicate,
     /// Moved to the dead-letter queue.
     DeadLettered(DeadLetterReason),
-    /// A transient failure; the delivery was returned to the queue for another try.
-    Requeued,
-    /// The dead-letter queue could not take the message; the delivery was returned
-    /// to the queue instead, so nothing is lost.
-    DeadLetterFailed,
+    /// A transient failure; a copy waits in a retry tier for the next attempt.
+    Retried,
+    /// The retry or dead-letter queue could not take the message; it was returned
+    /// to its queue instead, so nothing is lost.
+    Returned,
 }
 
 impl Outcome {
@@ -35,8 +35,8 @@ impl Outcome {
             Outcome::Applied => "applied",
             Outcome::Duplicate => "duplicate",
             Outcome::DeadLettered(_) => "dead-lettered",
-            Outcome::Requeued => "requeued",
-            Outcome::DeadLetterFailed => "dead-letter-failed",
+            Outcome::Retried => "retried",
+            Outcome::Returned => "returned",
         }
     }
 }
@@ -50,11 +50,12 @@ pub struct ConsumerStats {
     pub duplicates: u64,
     /// Deliveries moved to the dead-letter queue.
     pub dead_lettered: u64,
-    /// Deliveries returned to the queue after a transient failure.
-    pub requeued: u64,
-    /// Deliveries returned to the queue because the dead-letter queue was unreachable.
-    pub dead_letter_failed: u64,
-    /// Handler panics caught (each also counted as requeued).
+    /// Transient failures sent to a retry tier.
+    pub retried: u64,
+    /// Deliveries returned to their queue because the retry or dead-letter queue
+    /// could not take them.
+    pub returned: u64,
+    /// Handler panics caught (each also counted as retried or dead-lettered).
     pub panics: u64,
     /// Acks that could not be sent because the channel was gone; the broker
     /// redelivers those and the inbox recognizes them.
@@ -66,8 +67,8 @@ struct Counters {
     applied: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
-    requeued: AtomicU64,
-    dead_letter_failed: AtomicU64,
+    retried: AtomicU64,
+    returned: AtomicU64,
     panics: AtomicU64,
     acks_lost: AtomicU64,
 }
@@ -85,8 +86,8 @@ impl StatsHandle {
             applied: get(&c.applied),
             duplicates: get(&c.duplicates),
             dead_lettered: get(&c.dead_lettered),
-            requeued: get(&c.requeued),
-            dead_letter_failed: get(&c.dead_letter_failed),
+            retried: get(&c.retried),
+            returned: get(&c.returned),
             panics: get(&c.panics),
             acks_lost: get(&c.acks_lost),
         }
@@ -157,8 +158,8 @@ impl Telemetry {
             Outcome::Applied => &c.applied,
             Outcome::Duplicate => &c.duplicates,
             Outcome::DeadLettered(_) => &c.dead_lettered,
-            Outcome::Requeued => &c.requeued,
-            Outcome::DeadLetterFailed => &c.dead_letter_failed,
+            Outcome::Retried => &c.retried,
+            Outcome::Returned => &c.returned,
         };
         counter.fetch_add(1, Ordering::Relaxed);
 
@@ -177,7 +178,7 @@ impl Telemetry {
             Outcome::Duplicate => {
                 metrics::counter!("consumer_duplicates_total", &labels).increment(1);
             }
-            Outcome::Requeued => metrics::counter!("consumer_retry_total", &labels).increment(1),
+            Outcome::Retried => metrics::counter!("consumer_retry_total", &labels).increment(1),
             Outcome::DeadLettered(reason) => metrics::counter!(
                 "consumer_dead_letter_total",
                 "consumer" => consumer.clone(),
@@ -185,7 +186,7 @@ impl Telemetry {
                 "reason" => reason.as_str()
             )
             .increment(1),
-            Outcome::Applied | Outcome::DeadLetterFailed => {}
+            Outcome::Applied | Outcome::Returned => {}
         }
 
         let processing_duration_ms = elapsed.as_millis() as u64;
@@ -213,8 +214,8 @@ impl Telemetry {
         }
         match outcome {
             Outcome::Applied | Outcome::Duplicate => event!(tracing::Level::INFO),
-            Outcome::Requeued => event!(tracing::Level::WARN),
-            Outcome::DeadLettered(_) | Outcome::DeadLetterFailed => event!(tracing::Level::ERROR),
+            Outcome::Retried => event!(tracing::Level::WARN),
+            Outcome::DeadLettered(_) | Outcome::Returned => event!(tracing::Level::ERROR),
         }
     }
 }

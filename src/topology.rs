@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use std::time::Duration;
+
 use crate::consumer::ConsumerConfig;
+use crate::retry::format_delay;
 
 /// RabbitMQ queue type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -128,6 +131,38 @@ pub fn dead_letter_queue_name(queue: &str) -> String {
     format!("{queue}.dead-letter")
 }
 
+/// The retry queue's name for a tier of `delay`: `queue.retry.5s`.
+pub fn retry_queue_name(queue: &str, delay: Duration) -> String {
+    format!("{queue}.retry.{}", format_delay(delay))
+}
+
+impl QueueSpec {
+    fn arg(mut self, name: &str, value: ArgValue) -> Self {
+        self.arguments.insert(name.to_owned(), value);
+        self
+    }
+
+    fn str_arg(self, name: &str, value: &str) -> Self {
+        self.arg(name, ArgValue::Str(value.to_owned()))
+    }
+
+    /// Where the broker itself dead-letters (TTL expiry, delivery limit): the
+    /// default exchange with `routing_key`, at-least-once on quorum queues so a
+    /// message is not dropped on its way.
+    fn dead_letter_to(self, routing_key: &str, queue_type: QueueType) -> Self {
+        let spec = self
+            .str_arg("x-dead-letter-exchange", "")
+            .str_arg("x-dead-letter-routing-key", routing_key);
+        match queue_type {
+            // At-least-once dead-lettering requires reject-publish overflow.
+            QueueType::Quorum => spec
+                .str_arg("x-dead-letter-strategy", "at-least-once")
+                .str_arg("x-overflow", "reject-publish"),
+            QueueType::Classic => spec,
+        }
+    }
+}
+
 impl Topology {
     /// The topology of one consumer: its exchange (if any), its main queue bound
     /// to the exchange with each binding key, and its dead-letter queue.
@@ -146,13 +181,32 @@ impl Topology {
                 });
             }
         }
+        let dead_letter = config.dead_letter_queue();
+        let main = QueueSpec::new(&config.queue, config.queue_type);
+        let main = match config.queue_type {
+            // The broker's delivery limit is the backstop for poison messages: the
+            // consumer dead-letters them itself at the poison limit, with a reason;
+            // the broker steps in only if that keeps failing.
+            QueueType::Quorum => main
+                .arg(
+                    "x-delivery-limit",
+                    ArgValue::Int(i64::from(config.retry.poison_limit()) * 2),
+                )
+                .dead_letter_to(&dead_letter, config.queue_type),
+            QueueType::Classic => main,
+        };
+        topology.queues.push(main);
+        for delay in config.retry.tiers() {
+            let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+            topology.queues.push(
+                QueueSpec::new(retry_queue_name(&config.queue, *delay), config.queue_type)
+                    .arg("x-message-ttl", ArgValue::Int(ttl))
+                    .dead_letter_to(&config.queue, config.queue_type),
+            );
+        }
         topology
             .queues
-            .push(QueueSpec::new(&config.queue, config.queue_type));
-        topology.queues.push(QueueSpec::new(
-            config.dead_letter_queue(),
-            config.queue_type,
-        ));
+            .push(QueueSpec::new(dead_letter, config.queue_type));
         topology
     }
 
@@ -166,8 +220,16 @@ impl Topology {
 mod tests {
     use super::*;
 
+    fn arg(q: &QueueSpec, name: &str) -> ArgValue {
+        q.arguments[name].clone()
+    }
+
+    fn s(v: &str) -> ArgValue {
+        ArgValue::Str(v.into())
+    }
+
     #[test]
-    fn consumer_topology_has_exchange_queue_binding_and_dead_letter_queue() {
+    fn consumer_topology_has_exchange_queue_binding_tiers_and_dead_letter_queue() {
         let config = ConsumerConfig::new("billing", "p.invoice-paid")
             .bind("p.events", ["billing.invoice-paid.*"]);
         let t = Topology::for_consumer(&config);
@@ -175,8 +237,28 @@ mod tests {
         assert_eq!(t.exchanges[0].name, "p.events");
         assert_eq!(
             t.queue_names().collect::<Vec<_>>(),
-            ["p.invoice-paid", "p.invoice-paid.dead-letter"]
+            [
+                "p.invoice-paid",
+                "p.invoice-paid.retry.5s",
+                "p.invoice-paid.retry.30s",
+                "p.invoice-paid.retry.2m",
+                "p.invoice-paid.retry.10m",
+                "p.invoice-paid.retry.30m",
+                "p.invoice-paid.dead-letter"
+            ]
         );
+        let main = &t.queues[0];
+        assert_eq!(arg(main, "x-delivery-limit"), ArgValue::Int(10));
+        assert_eq!(
+            arg(main, "x-dead-letter-routing-key"),
+            s("p.invoice-paid.dead-letter")
+        );
+        assert_eq!(arg(main, "x-overflow"), s("reject-publish"));
+        let tier = &t.queues[1];
+        assert_eq!(arg(tier, "x-message-ttl"), ArgValue::Int(5000));
+        assert_eq!(arg(tier, "x-dead-letter-exchange"), s(""));
+        assert_eq!(arg(tier, "x-dead-letter-routing-key"), s("p.invoice-paid"));
+        assert_eq!(arg(tier, "x-dead-letter-strategy"), s("at-least-once"));
         assert_eq!(
             t.bindings,
             [BindingSpec {
@@ -185,9 +267,23 @@ mod tests {
                 routing_key: "billing.invoice-paid.*".into()
             }]
         );
-        assert_eq!(
-            t.queues[0].arguments["x-queue-type"],
-            ArgValue::Str("quorum".into())
-        );
+        assert_eq!(arg(main, "x-queue-type"), s("quorum"));
+    }
+
+    #[test]
+    fn classic_queues_have_no_quorum_only_arguments() {
+        let config = ConsumerConfig::new("c", "q").with_queue_type(QueueType::Classic);
+        let t = Topology::for_consumer(&config);
+        for q in &t.queues {
+            assert_eq!(arg(q, "x-queue-type"), s("classic"));
+            for quorum_only in ["x-delivery-limit", "x-dead-letter-strategy", "x-overflow"] {
+                assert!(
+                    !q.arguments.contains_key(quorum_only),
+                    "{} has {quorum_only}",
+                    q.name
+                );
+            }
+        }
+        assert_eq!(arg(&t.queues[1], "x-dead-letter-routing-key"), s("q"));
     }
 }

@@ -30,7 +30,7 @@ async fn transient_failure_is_retried_then_applied_once<B: Backend>() {
     );
     let s = running.stats.snapshot();
     running.stop().await.unwrap();
-    assert_eq!(s.requeued, 3, "three transient failures: {s:?}");
+    assert_eq!(s.retried, 3, "three transient failures: {s:?}");
     assert_eq!(s.applied, 1, "{s:?}");
     assert_eq!(s.dead_lettered, 0, "{s:?}");
     // Each failed attempt wrote its effect too; only the committed one remains.
@@ -64,7 +64,7 @@ async fn handler_panic_is_survived<B: Backend>() {
     // The consumer is still running and stops cleanly.
     running.stop().await.unwrap();
     assert_eq!(s.panics, 1, "{s:?}");
-    assert_eq!(s.requeued, 1, "a panic is a transient failure: {s:?}");
+    assert_eq!(s.retried, 1, "a panic is a transient failure: {s:?}");
     assert_eq!(s.applied, 2, "{s:?}");
     assert_eq!(db.effects_for(&panicky.meta().message_id).await, 1);
     assert_eq!(db.effects_for(&after.meta().message_id).await, 1);

@@ -19,7 +19,7 @@ use warren::lapin::types::FieldTable;
 use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
 use warren::{
     Consumer, ConsumerConfig, Error, HandlerError, Message, Outgoing, PgStore, Publisher, Registry,
-    SqliteStore, StatsHandle, Store, Tx,
+    RetryPolicy, SqliteStore, StatsHandle, Store, Tx,
 };
 
 pub const EVENT: &str = "test.job";
@@ -313,11 +313,18 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
     }
 }
 
+/// Short retry tiers, so tests are quick: 100 ms, 200 ms, 400 ms (four attempts).
+pub const TEST_TIERS: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+];
+
 /// A consumer configuration with short delays, so tests are quick.
 pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfig {
     ConsumerConfig::new(name, queue)
         .bind(exchange, ["test.#"])
-        .with_requeue_delay(Duration::from_millis(100))
+        .with_retry(RetryPolicy::new(TEST_TIERS))
         .with_failure_backoff(Duration::from_millis(200))
         .with_shutdown_timeout(Duration::from_secs(10))
 }
@@ -456,7 +463,10 @@ impl TestBroker {
     }
 
     pub async fn cleanup(self) {
-        let mut queues = vec![self.queue.clone(), self.dead_letter_queue()];
+        let mut queues: Vec<String> = warren::Topology::for_consumer(&self.config())
+            .queue_names()
+            .map(String::from)
+            .collect();
         queues.extend(self.extra_queues.lock().unwrap().drain(..));
         for q in &queues {
             self.delete_queue(q).await;

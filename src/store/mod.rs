@@ -100,6 +100,25 @@ pub trait Store: Clone + Send + Sync + 'static {
         tx: &'a mut Tx<Self::Db>,
         entry: &'a InboxEntry<'a>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+
+    /// Counts one more redelivery of `message_id` to `consumer`, in its own
+    /// committed statement (it must survive the process dying right after), and
+    /// returns the count. Used to find poison messages on queues that keep no
+    /// delivery count of their own.
+    fn record_redelivery<'a>(
+        &'a self,
+        consumer: &'a str,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a;
+
+    /// Forgets the redelivery count of `message_id`: inside `tx` when the message
+    /// reached an outcome, or on its own (`tx` = `None`) when it was dead-lettered.
+    fn clear_redeliveries<'a>(
+        &'a self,
+        tx: Option<&'a mut Tx<Self::Db>>,
+        consumer: &'a str,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 }
 
 /// An error from a store.

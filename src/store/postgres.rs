@@ -14,11 +14,12 @@ const MIGRATIONS: Migrations = Migrations {
             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
         )",
     record: "INSERT INTO warren_migrations (version, name) VALUES ($1, $2)",
-    list: &[Migration {
-        version: 1,
-        name: "inbox",
-        statements: &[
-            "CREATE TABLE warren_inbox (
+    list: &[
+        Migration {
+            version: 1,
+            name: "inbox",
+            statements: &[
+                "CREATE TABLE warren_inbox (
                 consumer_name  TEXT        NOT NULL,
                 message_id     TEXT        NOT NULL,
                 event_type     TEXT        NOT NULL,
@@ -27,9 +28,21 @@ const MIGRATIONS: Migrations = Migrations {
                 processed_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
                 PRIMARY KEY (consumer_name, message_id)
             )",
-            "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
-        ],
-    }],
+                "CREATE INDEX warren_inbox_processed_at ON warren_inbox (consumer_name, processed_at)",
+            ],
+        },
+        Migration {
+            version: 2,
+            name: "redeliveries",
+            statements: &["CREATE TABLE warren_redeliveries (
+                consumer_name     TEXT    NOT NULL,
+                message_id        TEXT    NOT NULL,
+                deliveries        INTEGER NOT NULL,
+                last_delivered_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                PRIMARY KEY (consumer_name, message_id)
+            )"],
+        },
+    ],
 };
 
 /// A [`Store`] on PostgreSQL.
@@ -114,5 +127,42 @@ impl Store for PgStore {
         .execute(tx.conn())
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+    async fn record_redelivery<'a>(
+        &'a self,
+        consumer: &'a str,
+        message_id: &'a str,
+    ) -> Result<u32, StoreError> {
+        let count: i64 = sqlx::query_scalar(
+            "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
+             VALUES ($1, $2, 1)
+             ON CONFLICT (consumer_name, message_id)
+             DO UPDATE SET deliveries = warren_redeliveries.deliveries + 1,
+                           last_delivered_at = now()
+             RETURNING deliveries",
+        )
+        .bind(consumer)
+        .bind(message_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
+    }
+
+    async fn clear_redeliveries<'a>(
+        &'a self,
+        tx: Option<&'a mut Tx<Postgres>>,
+        consumer: &'a str,
+        message_id: &'a str,
+    ) -> Result<(), StoreError> {
+        let query = sqlx::query(
+            "DELETE FROM warren_redeliveries WHERE consumer_name = $1 AND message_id = $2",
+        )
+        .bind(consumer)
+        .bind(message_id);
+        match tx {
+            Some(tx) => query.execute(tx.conn()).await?,
+            None => query.execute(&self.pool).await?,
+        };
+        Ok(())
     }
 }
