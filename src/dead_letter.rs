@@ -177,9 +177,8 @@ impl DeadLetterInfo {
 
 /// The record of a message the broker dead-lettered at the delivery limit.
 fn broker_dead_lettered(headers: &FieldTable) -> Option<DeadLetterInfo> {
-    let deaths = match headers.inner().get("x-death")? {
-        AMQPValue::FieldArray(a) => a,
-        _ => return None,
+    let AMQPValue::FieldArray(deaths) = headers.inner().get("x-death")? else {
+        return None;
     };
     let death = deaths.as_slice().iter().find_map(|d| match d {
         AMQPValue::FieldTable(t)
