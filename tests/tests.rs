@@ -10,4 +10,5 @@ mod crash;
 mod failures;
 mod inbox;
 mod poison;
+mod retries;
 mod shutdown;

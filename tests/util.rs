@@ -2,10 +2,10 @@
 //! private broker names per test, a handler with a deliberately non-idempotent
 //! effect, and helpers to publish, inspect queues and wait for conditions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
@@ -72,6 +72,12 @@ pub enum Mode {
     PanicOnce,
     /// Sleep `ms` on the first attempt only, then record the effect.
     SlowOnce { ms: u64 },
+    /// Fail transiently on the first attempt, asking to be retried after `ms`.
+    TransientAfter { ms: u64 },
+    /// Abort the process: a message that kills whoever handles it.
+    Abort,
+    /// Fail permanently while `switch` is in the broken set, then succeed.
+    PermanentWhileBroken { switch: String },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,15 +113,36 @@ pub struct JobV2 {
     pub note: String,
 }
 
-static ATTEMPTS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Default::default);
+static ATTEMPTS: LazyLock<Mutex<HashMap<String, Vec<Instant>>>> = LazyLock::new(Default::default);
+static BROKEN: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
 
 /// Counts attempts per message id, outside any transaction (so rollbacks do not
-/// undo the count).
+/// undo the count), and remembers when each began.
 pub fn attempt(message_id: &str) -> u32 {
     let mut map = ATTEMPTS.lock().unwrap();
-    let n = map.entry(message_id.to_owned()).or_default();
-    *n += 1;
-    *n
+    let times = map.entry(message_id.to_owned()).or_default();
+    times.push(Instant::now());
+    times.len() as u32
+}
+
+/// When each attempt at `message_id` began.
+pub fn attempt_times(message_id: &str) -> Vec<Instant> {
+    ATTEMPTS
+        .lock()
+        .unwrap()
+        .get(message_id)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Breaks or mends the jobs that name `switch`.
+pub fn set_broken(switch: &str, broken: bool) {
+    let mut set = BROKEN.lock().unwrap();
+    if broken {
+        set.insert(switch.to_owned());
+    } else {
+        set.remove(switch);
+    }
 }
 
 /// A database dialect under test.
@@ -309,6 +336,18 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
             Ok(())
+        }
+        Mode::TransientAfter { ms } if n == 1 => {
+            Err(HandlerError::transient("come back later").retry_after(Duration::from_millis(ms)))
+        }
+        Mode::TransientAfter { .. } => Ok(()),
+        Mode::Abort => std::process::abort(),
+        Mode::PermanentWhileBroken { ref switch } => {
+            if BROKEN.lock().unwrap().contains(switch) {
+                Err(HandlerError::permanent("broken until mended"))
+            } else {
+                Ok(())
+            }
         }
     }
 }
