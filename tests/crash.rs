@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use warren::Consumer;
+use warren::{Consumer, QueueType};
 
-use crate::util::{Backend, Job, TestBroker, amqp_url, routes, test_config, wait_for};
+use crate::util::{
+    Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, amqp_url, routes, test_config, wait_for,
+};
 
 const CHILD_ENV: &str = "WARREN_TEST_CHILD";
 const SIGABRT: i32 = 6;
@@ -27,6 +29,7 @@ struct ChildSpec {
     name: String,
     queue: String,
     exchange: String,
+    queue_type: String,
 }
 
 /// The consumer process. Does nothing unless started by a crash test.
@@ -50,7 +53,8 @@ async fn child() {
 
 async fn run_child<B: Backend>(spec: ChildSpec) {
     let store = B::open(&spec.db_url).await;
-    let config = test_config(&spec.name, &spec.queue, &spec.exchange);
+    let config = test_config(&spec.name, &spec.queue, &spec.exchange)
+        .with_queue_type(spec.queue_type.parse().unwrap());
     let consumer = Consumer::new(config, store, routes::<B>());
     let stats = consumer.stats();
     consumer
@@ -74,7 +78,17 @@ struct ChildProcess {
 }
 
 fn spawn<B: Backend>(db_url: &str, broker: &TestBroker, failpoints: Option<&str>) -> ChildProcess {
+    spawn_on::<B>(db_url, broker, failpoints, QueueType::Quorum)
+}
+
+fn spawn_on<B: Backend>(
+    db_url: &str,
+    broker: &TestBroker,
+    failpoints: Option<&str>,
+    queue_type: QueueType,
+) -> ChildProcess {
     let spec = ChildSpec {
+        queue_type: queue_type.as_str().into(),
         backend: <B as Backend>::NAME.into(),
         db_url: db_url.into(),
         name: broker.name.clone(),
@@ -118,6 +132,30 @@ impl ChildProcess {
             .unwrap_or_else(|_| panic!("no line with {needles:?} within 60 s"))
     }
 
+    /// Reads output until the child dead-letters `id` as poison (`true`) or dies
+    /// (`false`, after checking it aborted).
+    async fn poisoned_or_aborted(&mut self, id: &str) -> bool {
+        let read = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                if line.contains("message processed")
+                    && line.contains(id)
+                    && line.contains("poison")
+                {
+                    return true;
+                }
+            }
+            false
+        };
+        let poisoned = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the child should crash or dead-letter within 60 s");
+        if !poisoned {
+            let status = self.child.wait().await.unwrap();
+            assert_eq!(status.signal(), Some(SIGABRT), "{status:?}");
+        }
+        poisoned
+    }
+
     async fn wait_for_abort(mut self) {
         let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
@@ -148,7 +186,63 @@ impl ChildProcess {
     }
 }
 
-on_both_backends!(crash_after_commit_before_ack, crash_before_commit);
+on_both_backends!(
+    crash_after_commit_before_ack,
+    crash_before_commit,
+    crash_loop_on_quorum_queue_ends_as_poison,
+    crash_loop_on_classic_queue_ends_as_poison,
+);
+
+async fn crash_loop_on_quorum_queue_ends_as_poison<B: Backend>() {
+    crash_loop_ends_as_poison::<B>(QueueType::Quorum).await;
+}
+
+async fn crash_loop_on_classic_queue_ends_as_poison<B: Backend>() {
+    crash_loop_ends_as_poison::<B>(QueueType::Classic).await;
+}
+
+/// A message that aborts every process handling it: after the poison limit of
+/// deliveries without an outcome, the next consumer dead-letters it as `poison`
+/// instead of running the handler again, and carries on.
+async fn crash_loop_ends_as_poison<B: Backend>(queue_type: QueueType) {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker
+        .declare_config(&broker.config().with_queue_type(queue_type))
+        .await;
+    let killer = TestBroker::message(&Job::with(Mode::Abort));
+    broker.publish(&killer).await;
+    let id = killer.meta().message_id.clone();
+
+    let mut crashes = 0;
+    loop {
+        let mut child = spawn_on::<B>(&db.url, &broker, None, queue_type);
+        if child.poisoned_or_aborted(&id).await {
+            child.terminate().await;
+            break;
+        }
+        crashes += 1;
+        assert!(
+            crashes <= TEST_POISON_LIMIT,
+            "still crashing after {crashes} runs"
+        );
+    }
+    assert_eq!(
+        crashes, TEST_POISON_LIMIT,
+        "the handler ran exactly up to the limit"
+    );
+
+    let dead = broker.drain(&broker.dead_letter_queue()).await;
+    assert_eq!(dead.len(), 1);
+    let info = warren::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+    assert_eq!(info.reason, "poison");
+    assert!(info.error.contains("without an outcome"), "{}", info.error);
+    assert_eq!(db.effects().await, 0);
+    assert_eq!(broker.ready(&broker.queue).await, 0);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 /// Committed, then killed before the ack: the broker redelivers, the restarted
 /// consumer finds the inbox row and acks the copy as a duplicate. One effect.

@@ -359,11 +359,14 @@ pub const TEST_TIERS: [Duration; 3] = [
     Duration::from_millis(400),
 ];
 
+/// Deliveries without an outcome before a message is poison, in tests.
+pub const TEST_POISON_LIMIT: u32 = 3;
+
 /// A consumer configuration with short delays, so tests are quick.
 pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfig {
     ConsumerConfig::new(name, queue)
         .bind(exchange, ["test.#"])
-        .with_retry(RetryPolicy::new(TEST_TIERS))
+        .with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(TEST_POISON_LIMIT))
         .with_failure_backoff(Duration::from_millis(200))
         .with_shutdown_timeout(Duration::from_secs(10))
 }
