@@ -23,6 +23,7 @@
 //! - `topology`: exchanges and queues as data ([`Topology`]).
 //! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
 //! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
+//! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
 //! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
@@ -34,6 +35,7 @@
 mod broker;
 mod consumer;
 mod dead_letter;
+mod dlq;
 mod envelope;
 mod error;
 pub mod failpoint;
@@ -57,6 +59,7 @@ pub use dead_letter::{
     HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, header_int,
     header_str,
 };
+pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Selection};
 pub use envelope::{
     CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
     MAX_MESSAGE_ID_LEN, Metadata, Outgoing,

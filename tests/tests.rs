@@ -5,6 +5,7 @@
 #[macro_use]
 mod util;
 
+mod cli;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod failures;

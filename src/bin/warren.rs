@@ -1,0 +1,413 @@
+//! `warren`: the operator's tool. Declares and shows a consumer's topology, and
+//! lists, shows, replays and purges its dead letters.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // printing is this program's job
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use warren::lapin;
+use warren::{
+    ConsumerConfig, DEFAULT_POISON_LIMIT, DeadLetter, DeadLetterQueue, QueueType, RetryPolicy,
+    Selection, Topology,
+};
+
+const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Operate warren consumers: topology and dead letters.
+#[derive(Parser)]
+#[command(name = "warren", version, about)]
+struct Cli {
+    /// Broker URL. The password is never printed.
+    #[arg(long, env = "AMQP_URL", default_value = DEFAULT_AMQP_URL, global = true, hide_env_values = true)]
+    amqp_url: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// A consumer's exchanges, queues, retry tiers and dead-letter queue.
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// A consumer's dead-letter queue (`QUEUE.dead-letter`).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Subcommand)]
+enum TopologyCommand {
+    /// Declare the topology on the broker (idempotent).
+    Declare(ConsumerArgs),
+    /// Print the topology without touching the broker.
+    Show(ConsumerArgs),
+}
+
+/// The consumer definition the topology derives from; use the same values the
+/// consumer runs with.
+#[derive(Args)]
+struct ConsumerArgs {
+    /// The consumer's queue.
+    #[arg(long)]
+    queue: String,
+    /// Topic exchange to bind the queue to.
+    #[arg(long, requires = "binding_keys")]
+    exchange: Option<String>,
+    /// Binding key from the exchange (repeat for several).
+    #[arg(long = "binding-key", requires = "exchange")]
+    binding_keys: Vec<String>,
+    /// Queue type: quorum or classic.
+    #[arg(long, default_value = "quorum", value_parser = parse_queue_type)]
+    queue_type: QueueType,
+    /// Retry delay tiers, comma separated (ms, s, m, h).
+    #[arg(long, value_delimiter = ',', default_value = "5s,30s,2m,10m,30m", value_parser = warren::parse_delay)]
+    retry_tiers: Vec<Duration>,
+    /// Total attempts, the first included [default: one per tier, plus one].
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Deliveries without an outcome before a message is poison.
+    #[arg(long, default_value_t = DEFAULT_POISON_LIMIT)]
+    poison_limit: u32,
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters: id, type, reason, attempts, failure times, error.
+    List {
+        /// The consumer's queue (not the dead-letter queue's name).
+        queue: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print each payload too. Payloads may hold personal data.
+        #[arg(long)]
+        show_payload: bool,
+    },
+    /// Show one dead letter with all its headers.
+    Show {
+        /// The consumer's queue.
+        queue: String,
+        /// Message id.
+        id: String,
+        /// Print the payload too. Payloads may hold personal data.
+        #[arg(long)]
+        show_payload: bool,
+    },
+    /// Republish dead letters to the consumer's queue, each confirmed before it is
+    /// removed. A replayed message that had already succeeded is acked by the
+    /// consumer as a duplicate, so replaying twice is safe.
+    Replay {
+        /// The consumer's queue.
+        queue: String,
+        #[command(flatten)]
+        which: Which,
+        /// Only dead letters with this reason (e.g. retries-exhausted).
+        #[arg(long)]
+        reason: Option<String>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// At most this many per second, e.g. 50/s.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<f64>,
+        /// Say what would be replayed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete dead letters for good.
+    Purge {
+        /// The consumer's queue.
+        queue: String,
+        #[command(flatten)]
+        which: Which,
+        /// Confirm: purged messages cannot be recovered.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Which {
+    /// This message id (repeat for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Every dead letter (that matches the other filters).
+    #[arg(long)]
+    all: bool,
+}
+
+fn parse_queue_type(s: &str) -> Result<QueueType, String> {
+    s.parse()
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let n = s.strip_suffix("/s").unwrap_or(s);
+    match n.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a rate: use a positive number per second, e.g. 50/s"
+        )),
+    }
+}
+
+impl ConsumerArgs {
+    fn config(&self) -> Result<ConsumerConfig, String> {
+        let mut retry =
+            RetryPolicy::new(self.retry_tiers.iter().copied()).with_poison_limit(self.poison_limit);
+        if let Some(n) = self.max_attempts {
+            retry = retry.with_max_attempts(n);
+        }
+        let mut config = ConsumerConfig::new(&self.queue, &self.queue)
+            .with_queue_type(self.queue_type)
+            .with_retry(retry);
+        if let Some(exchange) = &self.exchange {
+            config = config.bind(exchange, self.binding_keys.iter().cloned());
+        }
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+}
+
+fn print_topology(t: &Topology) {
+    for e in &t.exchanges {
+        println!("exchange {} ({:?}, durable)", e.name, e.kind);
+    }
+    for q in &t.queues {
+        let args: Vec<String> = q
+            .arguments
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("queue    {} (durable) {}", q.name, args.join(" "));
+    }
+    for b in &t.bindings {
+        println!("binding  {} -> {} [{}]", b.exchange, b.queue, b.routing_key);
+    }
+}
+
+fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        flat.chars()
+            .take(max.saturating_sub(1))
+            .chain(['…'])
+            .collect()
+    }
+}
+
+fn print_payload(letter: &DeadLetter) {
+    println!("  payload: {}", String::from_utf8_lossy(&letter.body));
+}
+
+fn print_list(letters: &[DeadLetter], show_payload: bool) {
+    println!(
+        "{:<38} {:<32} {:<24} {:>8} {:<19} {:<19} ERROR",
+        "ID", "TYPE", "REASON", "ATTEMPTS", "FIRST FAILURE", "LAST FAILURE"
+    );
+    for l in letters {
+        let (attempts, first, last, error) = match &l.info {
+            Some(i) => (
+                i.attempts.to_string(),
+                time(i.first_failure),
+                time(i.last_failure),
+                one_line(&i.error, 80),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), String::new()),
+        };
+        println!(
+            "{:<38} {:<32} {:<24} {:>8} {:<19} {:<19} {}",
+            if l.message_id.is_empty() {
+                "(none)"
+            } else {
+                &l.message_id
+            },
+            one_line(&l.event_type, 32),
+            l.reason(),
+            attempts,
+            first,
+            last,
+            error
+        );
+        if show_payload {
+            print_payload(l);
+        }
+    }
+    println!("{} dead letter(s)", letters.len());
+}
+
+fn print_one(l: &DeadLetter, show_payload: bool) {
+    println!("message id: {}", l.message_id);
+    println!("type:       {}", l.event_type);
+    println!("reason:     {}", l.reason());
+    if let Some(i) = &l.info {
+        println!("attempts:   {}", i.attempts);
+        println!("consumer:   {}", i.consumer);
+        println!("queue:      {}", i.queue);
+        println!(
+            "published:  exchange {:?}, routing key {:?}",
+            i.original_exchange, i.original_routing_key
+        );
+        println!("first fail: {}", time(i.first_failure));
+        println!("last fail:  {}", time(i.last_failure));
+        println!("error:      {}", i.error);
+    }
+    if let Some(headers) = l.properties.headers() {
+        println!("headers:");
+        for (k, v) in headers.inner() {
+            println!("  {k}: {v:?}");
+        }
+    }
+    if show_payload {
+        print_payload(l);
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let connect = || async {
+        warren::connect(&cli.amqp_url, "warren cli")
+            .await
+            .map(Arc::new)
+            .map_err(|e| format!("cannot connect to the broker: {e}"))
+    };
+    match cli.command {
+        Command::Topology(TopologyCommand::Show(args)) => {
+            print_topology(&Topology::for_consumer(&args.config()?));
+        }
+        Command::Topology(TopologyCommand::Declare(args)) => {
+            let topology = Topology::for_consumer(&args.config()?);
+            let connection = connect().await?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| e.to_string())?;
+            warren::declare(&channel, &topology)
+                .await
+                .map_err(|e| e.to_string())?;
+            print_topology(&topology);
+            println!("declared");
+        }
+        Command::Dlq(cmd) => {
+            let connection = connect().await?;
+            run_dlq(cmd, &connection).await?;
+            let _ = connection.close(200, "done".into()).await;
+        }
+    }
+    Ok(())
+}
+
+async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result<(), String> {
+    let dlq = |queue: &str| DeadLetterQueue::new(Arc::clone(connection), queue);
+    let err = |e: warren::BrokerError| e.to_string();
+    match cmd {
+        DlqCommand::List {
+            queue,
+            limit,
+            show_payload,
+        } => {
+            print_list(&dlq(&queue).list(limit).await.map_err(err)?, show_payload);
+        }
+        DlqCommand::Show {
+            queue,
+            id,
+            show_payload,
+        } => {
+            let q = dlq(&queue);
+            match q.find(&id).await.map_err(err)? {
+                Some(letter) => print_one(&letter, show_payload),
+                None => return Err(format!("no message with id {id:?} in {}", q.name())),
+            }
+        }
+        DlqCommand::Replay {
+            queue,
+            which,
+            reason,
+            limit,
+            rate,
+            dry_run,
+        } => {
+            if let Some(r) = &reason
+                && warren::DeadLetterReason::from_name(r).is_none()
+            {
+                return Err(format!(
+                    "unknown reason {r:?}; known: {}",
+                    warren::DeadLetterReason::ALL.map(|r| r.as_str()).join(", ")
+                ));
+            }
+            let selection = Selection {
+                ids: which.ids,
+                reason,
+                limit,
+            };
+            let report = dlq(&queue)
+                .replay(&selection, rate, dry_run)
+                .await
+                .map_err(err)?;
+            let verb = if dry_run { "would replay" } else { "replayed" };
+            for l in &report.replayed {
+                println!("{verb} {} ({})", l.message_id, l.reason());
+            }
+            println!(
+                "{verb} {} message(s) to {queue}; {} left in place",
+                report.replayed.len(),
+                report.skipped
+            );
+        }
+        DlqCommand::Purge { queue, which, yes } => {
+            if !yes {
+                return Err("purging deletes dead letters for good; add --yes to confirm".into());
+            }
+            let q = dlq(&queue);
+            if which.all {
+                let n = q.purge_all().await.map_err(err)?;
+                println!("purged {n} message(s) from {}", q.name());
+            } else {
+                let removed = q.purge_ids(&which.ids).await.map_err(err)?;
+                for l in &removed {
+                    println!("purged {}", l.message_id);
+                }
+                println!("purged {} message(s) from {}", removed.len(), q.name());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("warren: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Operating on a dead-letter queue: list, show, replay, purge.
+//!
+//! Browsing takes messages without acking them and lets the broker requeue them
+//! when the channel closes, so a listing changes nothing but the messages'
+//! `redelivered` flag. Replay publishes a copy to the consumer's queue, waits for
+//! the broker's confirm, and only then removes the dead letter: a replay killed at
+//! any point loses nothing, and a message replayed twice is recognized by the
+//! consumer's inbox.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+
+use crate::broker::{BrokerError, Publisher};
+use crate::dead_letter::{
+    self, DeadLetterInfo, HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR,
+    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_QUEUE, HEADER_REASON,
+    HEADER_REPLAYED_AT,
+};
+use crate::topology::dead_letter_queue_name;
+
+/// One message in a dead-letter queue.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The AMQP `message_id`, empty if the message had none.
+    pub message_id: String,
+    /// The AMQP `type` property (warren sets it to the event type).
+    pub event_type: String,
+    /// The failure record, if the message carries one.
+    pub info: Option<DeadLetterInfo>,
+    /// The body as it was dead-lettered.
+    pub body: Vec<u8>,
+    /// The AMQP properties as they were dead-lettered.
+    pub properties: BasicProperties,
+}
+
+impl DeadLetter {
+    fn from_delivery(d: &Delivery) -> Self {
+        let props = &d.properties;
+        let text = |v: &Option<lapin::types::ShortString>| {
+            v.as_ref().map(|s| s.to_string()).unwrap_or_default()
+        };
+        Self {
+            message_id: text(props.message_id()),
+            event_type: text(props.kind()),
+            info: DeadLetterInfo::from_properties(props),
+            body: d.data.clone(),
+            properties: props.clone(),
+        }
+    }
+
+    /// The dead-letter reason, or `unknown` for a message without a record.
+    pub fn reason(&self) -> &str {
+        self.info.as_ref().map_or("unknown", |i| i.reason.as_str())
+    }
+}
+
+/// Which dead letters an operation applies to.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only these message ids; empty means every message.
+    pub ids: Vec<String>,
+    /// Only messages dead-lettered for this reason.
+    pub reason: Option<String>,
+    /// At most this many messages.
+    pub limit: Option<usize>,
+}
+
+impl Selection {
+    fn matches(&self, letter: &DeadLetter) -> bool {
+        (self.ids.is_empty() || self.ids.contains(&letter.message_id))
+            && self.reason.as_deref().is_none_or(|r| r == letter.reason())
+    }
+}
+
+/// What a replay did (or, for a dry run, would do).
+#[derive(Debug, Clone, Default)]
+pub struct ReplayReport {
+    /// The messages replayed, in order.
+    pub replayed: Vec<DeadLetter>,
+    /// Messages looked at and left in place.
+    pub skipped: usize,
+}
+
+/// The dead-letter queue of one consumer queue.
+pub struct DeadLetterQueue {
+    connection: Arc<Connection>,
+    queue: String,
+    dead_letter: String,
+}
+
+impl DeadLetterQueue {
+    /// The dead-letter queue of consumer queue `queue` (`queue.dead-letter`).
+    pub fn new(connection: Arc<Connection>, queue: &str) -> Self {
+        Self {
+            connection,
+            queue: queue.to_owned(),
+            dead_letter: dead_letter_queue_name(queue),
+        }
+    }
+
+    /// The dead-letter queue's name.
+    pub fn name(&self) -> &str {
+        &self.dead_letter
+    }
+
+    /// Opens a channel to take messages from. Messages taken and not acked
+    /// return to the queue when the channel closes.
+    async fn open(&self) -> Result<Walk, BrokerError> {
+        Ok(Walk {
+            channel: self.connection.create_channel().await?,
+            queue: self.dead_letter.clone(),
+        })
+    }
+
+    /// Lists up to `limit` dead letters, oldest first. Changes nothing.
+    pub async fn list(&self, limit: usize) -> Result<Vec<DeadLetter>, BrokerError> {
+        let walk = self.open().await?;
+        let mut out = Vec::new();
+        let result = async {
+            while out.len() < limit {
+                match walk.next().await? {
+                    Some(d) => out.push(DeadLetter::from_delivery(&d)),
+                    None => break,
+                }
+            }
+            Ok(())
+        }
+        .await;
+        walk.close().await;
+        result.map(|()| out)
+    }
+
+    /// Finds the dead letter with message id `id`. Changes nothing.
+    pub async fn find(&self, id: &str) -> Result<Option<DeadLetter>, BrokerError> {
+        let walk = self.open().await?;
+        let result = async {
+            while let Some(d) = walk.next().await? {
+                let letter = DeadLetter::from_delivery(&d);
+                if letter.message_id == id {
+                    return Ok(Some(letter));
+                }
+            }
+            Ok(None)
+        }
+        .await;
+        walk.close().await;
+        result
+    }
+
+    /// Republishes the selected dead letters to the consumer's queue, at most
+    /// `rate` per second, each confirmed by the broker before it is removed from
+    /// the dead-letter queue. The copy keeps its message id, body and properties;
+    /// its failure record is cleared so it gets a fresh set of attempts. With
+    /// `dry_run`, nothing is published or removed.
+    pub async fn replay(
+        &self,
+        selection: &Selection,
+        rate: Option<f64>,
+        dry_run: bool,
+    ) -> Result<ReplayReport, BrokerError> {
+        let publisher = Publisher::new(Arc::clone(&self.connection));
+        let mut report = ReplayReport::default();
+        let mut pace = rate.map(|r| {
+            let mut i = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        let limit = selection.limit.unwrap_or(usize::MAX);
+        let walk = self.open().await?;
+        let result = async {
+            while report.replayed.len() < limit {
+                let Some(d) = walk.next().await? else { break };
+                let letter = DeadLetter::from_delivery(&d);
+                if !selection.matches(&letter) {
+                    report.skipped += 1;
+                    continue;
+                }
+                if !dry_run {
+                    if let Some(p) = pace.as_mut() {
+                        p.tick().await;
+                    }
+                    publisher
+                        .publish_raw("", &self.queue, &d.data, replay_properties(&d.properties))
+                        .await?;
+                    // Only now, with the copy confirmed, does the dead letter go.
+                    d.acker.ack(BasicAckOptions::default()).await?;
+                }
+                report.replayed.push(letter);
+            }
+            Ok(())
+        }
+        .await;
+        walk.close().await;
+        result.map(|()| report)
+    }
+
+    /// Removes every dead letter; returns how many there were.
+    pub async fn purge_all(&self) -> Result<u32, BrokerError> {
+        let channel = self.connection.create_channel().await?;
+        let n = channel
+            .queue_purge(
+                self.dead_letter.as_str().into(),
+                QueuePurgeOptions::default(),
+            )
+            .await;
+        close(&channel).await;
+        Ok(n?)
+    }
+
+    /// Removes the dead letters with the given message ids; returns those removed.
+    pub async fn purge_ids(&self, ids: &[String]) -> Result<Vec<DeadLetter>, BrokerError> {
+        let walk = self.open().await?;
+        let mut removed = Vec::new();
+        let result = async {
+            while let Some(d) = walk.next().await? {
+                let letter = DeadLetter::from_delivery(&d);
+                if ids.contains(&letter.message_id) {
+                    d.acker.ack(BasicAckOptions::default()).await?;
+                    removed.push(letter);
+                }
+            }
+            Ok(())
+        }
+        .await;
+        walk.close().await;
+        result.map(|()| removed)
+    }
+}
+
+/// A pass over a queue with `basic.get`, holding what it takes until closed.
+struct Walk {
+    channel: Channel,
+    queue: String,
+}
+
+impl Walk {
+    async fn next(&self) -> Result<Option<Delivery>, BrokerError> {
+        Ok(self
+            .channel
+            .basic_get(self.queue.as_str().into(), BasicGetOptions::default())
+            .await?
+            .map(|got| got.delivery))
+    }
+
+    async fn close(self) {
+        close(&self.channel).await;
+    }
+}
+
+async fn close(channel: &Channel) {
+    if channel.status().connected() {
+        let _ = channel.close(200, "done".into()).await;
+    }
+}
+
+/// The headers of a failure record; a replayed copy starts without them.
+const FAILURE_HEADERS: &[&str] = &[
+    HEADER_REASON,
+    HEADER_ERROR,
+    HEADER_ATTEMPTS,
+    HEADER_ATTEMPT,
+    HEADER_LAST_ERROR,
+    HEADER_FIRST_FAILURE,
+    HEADER_LAST_FAILURE,
+    HEADER_CONSUMER,
+    HEADER_QUEUE,
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-delivery-count",
+];
+
+fn replay_properties(properties: &BasicProperties) -> BasicProperties {
+    let mut kept: std::collections::BTreeMap<_, _> = properties
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .filter(|(k, _)| !FAILURE_HEADERS.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    kept.insert(HEADER_REPLAYED_AT.into(), dead_letter::time(Utc::now()));
+    properties.clone().with_headers(FieldTable::from(kept))
+}

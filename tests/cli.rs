@@ -1,0 +1,267 @@
+//! The `warren` CLI against the real broker: replay that survives being killed,
+//! dry runs, listing, purging, and clear errors for bad arguments.
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use warren::Consumer;
+
+use crate::util::{
+    Backend, Job, Mode, Running, TestBroker, amqp_url, routes, set_broken, unique, wait_for,
+};
+
+fn warren_cmd() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_warren"));
+    cmd.env("AMQP_URL", amqp_url())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn warren(args: &[&str]) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), warren_cmd().args(args).output())
+        .await
+        .expect("warren finished within 60 s")
+        .unwrap()
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Dead-letters `n` messages through a consumer whose handler is broken, then
+/// mends the handler. Returns the message ids.
+async fn dead_letter_some<B: Backend>(
+    db: &crate::util::TestDb<B>,
+    broker: &TestBroker,
+    n: usize,
+) -> Vec<String> {
+    let switch = unique("switch");
+    set_broken(&switch, true);
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let m = TestBroker::message(&Job::with(Mode::PermanentWhileBroken {
+            switch: switch.clone(),
+        }));
+        broker.publish(&m).await;
+        ids.push(m.meta().message_id.clone());
+    }
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(n as u64, Duration::from_secs(60)).await);
+    assert_eq!(running.stats.snapshot().dead_lettered, n as u64);
+    running.stop().await.unwrap();
+    set_broken(&switch, false);
+    ids
+}
+
+on_both_backends!(replay_killed_halfway_loses_nothing_and_applies_once);
+
+/// 100 dead letters; a dry run changes nothing; a replay is killed halfway and run
+/// again; then the consumer applies each message exactly once.
+async fn replay_killed_halfway_loses_nothing_and_applies_once<B: Backend>() {
+    const N: usize = 100;
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    dead_letter_some(&db, &broker, N).await;
+    let dlq = broker.dead_letter_queue();
+    assert_eq!(broker.ready(&dlq).await, N as u32);
+
+    let dry = warren(&["dlq", "replay", &broker.queue, "--all", "--dry-run"]).await;
+    let (out, err) = text(&dry);
+    assert!(dry.status.success(), "{err}");
+    assert!(
+        out.contains(&format!("would replay {N} message(s)")),
+        "{out}"
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&dlq).await == N as u32
+        })
+        .await,
+        "a dry run leaves every dead letter in place"
+    );
+    assert_eq!(
+        broker.ready(&broker.queue).await,
+        0,
+        "and publishes nothing"
+    );
+
+    // Replay slowly and kill the process part-way.
+    let mut slow = warren_cmd()
+        .args(["dlq", "replay", &broker.queue, "--all", "--rate", "50/s"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            broker.ready(&broker.queue).await >= 30
+        })
+        .await,
+        "the replay made progress"
+    );
+    slow.kill().await.unwrap();
+    let _ = slow.wait().await;
+    // Whatever the killed process held unacked goes back to the dead-letter queue.
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&dlq).await + broker.ready(&broker.queue).await >= N as u32
+        })
+        .await,
+        "nothing lost: {} + {}",
+        broker.ready(&dlq).await,
+        broker.ready(&broker.queue).await
+    );
+    let replayed_first = broker.ready(&broker.queue).await;
+    assert!((replayed_first as usize) < N, "killed before the end");
+
+    let rest = warren(&["dlq", "replay", &broker.queue, "--all"]).await;
+    assert!(rest.status.success(), "{}", text(&rest).1);
+    assert_eq!(broker.ready(&dlq).await, 0);
+    let queued = broker.ready(&broker.queue).await;
+    assert!(queued as usize >= N, "{queued}");
+
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(
+        running
+            .settled(u64::from(queued), Duration::from_secs(60))
+            .await
+    );
+    let s = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(s.applied, N as u64, "{s:?}");
+    assert_eq!(s.applied + s.duplicates, u64::from(queued), "{s:?}");
+    assert_eq!(
+        db.effects().await,
+        N as i64,
+        "each message applied exactly once"
+    );
+    assert_eq!(db.distinct_effects().await, N as i64);
+    assert_eq!(broker.ready(&dlq).await, 0);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_purge_and_argument_errors() {
+    let db = sqlx::Sqlite::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let ids = dead_letter_some(&db, &broker, 3).await;
+    let q = broker.queue.as_str();
+
+    let list = warren(&["dlq", "list", q]).await;
+    let (out, err) = text(&list);
+    assert!(list.status.success(), "{err}");
+    for id in &ids {
+        assert!(out.contains(id.as_str()), "{out}");
+    }
+    assert!(out.contains("permanent-failure"), "{out}");
+    assert!(out.contains("3 dead letter(s)"), "{out}");
+    assert!(!out.contains("payload:"), "payloads only on request");
+    let with_payload = warren(&["dlq", "list", q, "--show-payload", "--limit", "1"]).await;
+    let (out, _) = text(&with_payload);
+    assert!(
+        out.contains("payload:") && out.contains("1 dead letter(s)"),
+        "{out}"
+    );
+
+    let show = warren(&["dlq", "show", q, &ids[1]]).await;
+    let (out, _) = text(&show);
+    assert!(show.status.success());
+    assert!(
+        out.contains(&ids[1]) && out.contains("x-warren-reason"),
+        "{out}"
+    );
+    let missing = warren(&["dlq", "show", q, "no-such-id"]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing).1.contains("no message with id"),
+        "{}",
+        text(&missing).1
+    );
+
+    let unconfirmed = warren(&["dlq", "purge", q, "--all"]).await;
+    assert_eq!(unconfirmed.status.code(), Some(1));
+    assert!(text(&unconfirmed).1.contains("--yes"));
+    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 3);
+
+    let bad_reason = warren(&["dlq", "replay", q, "--all", "--reason", "nope"]).await;
+    assert_eq!(bad_reason.status.code(), Some(1));
+    assert!(text(&bad_reason).1.contains("unknown reason"));
+    let bad_rate = warren(&["dlq", "replay", q, "--all", "--rate", "fast"]).await;
+    assert_eq!(bad_rate.status.code(), Some(2));
+    assert!(
+        text(&bad_rate).1.contains("--rate"),
+        "{}",
+        text(&bad_rate).1
+    );
+    let neither = warren(&["dlq", "replay", q]).await;
+    assert_eq!(neither.status.code(), Some(2), "--id or --all is required");
+    let both = warren(&["dlq", "replay", q, "--all", "--id", "x"]).await;
+    assert_eq!(both.status.code(), Some(2));
+
+    let purge_one = warren(&["dlq", "purge", q, "--id", &ids[0], "--yes"]).await;
+    assert!(purge_one.status.success());
+    assert!(text(&purge_one).0.contains("purged 1 message(s)"));
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&broker.dead_letter_queue()).await == 2
+        })
+        .await
+    );
+    let replay_reason =
+        warren(&["dlq", "replay", q, "--all", "--reason", "retries-exhausted"]).await;
+    assert!(
+        text(&replay_reason).0.contains("replayed 0 message(s)"),
+        "{}",
+        text(&replay_reason).0
+    );
+    let purge_all = warren(&["dlq", "purge", q, "--all", "--yes"]).await;
+    assert!(purge_all.status.success());
+    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_declare_creates_what_the_consumer_expects() {
+    let broker = TestBroker::new().await;
+    let q = broker.queue.clone();
+    let declare = warren(&[
+        "topology",
+        "declare",
+        "--queue",
+        &q,
+        "--exchange",
+        &broker.exchange,
+        "--binding-key",
+        "test.#",
+        "--retry-tiers",
+        "100ms,200ms,400ms",
+        "--poison-limit",
+        "3",
+    ])
+    .await;
+    assert!(declare.status.success(), "{}", text(&declare).1);
+    // The consumer's own declaration matches, so it starts without drift.
+    broker.declare().await;
+    assert_eq!(broker.ready(&format!("{q}.retry.400ms")).await, 0);
+    let bad = warren(&["topology", "show", "--queue", &q, "--max-attempts", "0"]).await;
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad).1.contains("max attempts"), "{}", text(&bad).1);
+    broker.cleanup().await;
+}
