@@ -440,7 +440,7 @@ impl<S: Store> Inner<S> {
         let received_at = Utc::now();
         let history = History::of(&delivery);
         self.telemetry.in_flight(1.0);
-        let (outcome, meta) = match self.prepare(&delivery) {
+        let (outcome, meta) = match self.prepare(&delivery, &history) {
             Err(invalid) => {
                 let outcome = self
                     .dead_letter(publisher, &delivery, invalid.reason, &invalid.detail, 1)
@@ -549,7 +549,11 @@ impl<S: Store> Inner<S> {
     }
 
     /// Validates the delivery and binds it to its handler. No database, no broker.
-    fn prepare(&self, delivery: &Delivery) -> Result<Prepared<S::Db>, InvalidMessage> {
+    fn prepare(
+        &self,
+        delivery: &Delivery,
+        history: &History,
+    ) -> Result<Prepared<S::Db>, InvalidMessage> {
         let props = &delivery.properties;
         let envelope = Envelope::parse(
             Incoming {
@@ -568,6 +572,7 @@ impl<S: Store> Inner<S> {
                 envelope.payload(),
                 envelope.meta.clone(),
                 delivery.redelivered,
+                history.failed_attempts + 1,
             )
             .map_err(|e| {
                 InvalidMessage::new(

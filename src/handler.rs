@@ -24,6 +24,8 @@ pub struct Message<T> {
     /// The broker's `redelivered` flag. Informational only: warren deduplicates
     /// every delivery whether or not it is set.
     pub redelivered: bool,
+    /// Which attempt this is, from 1; retries through the tiers count up.
+    pub attempt: u32,
 }
 
 /// Something that handles messages of payload type `T` inside a transaction of `DB`.
@@ -67,6 +69,7 @@ pub(crate) trait ErasedHandler<DB: Database>: Send + Sync {
         payload: &RawValue,
         meta: Metadata,
         redelivered: bool,
+        attempt: u32,
     ) -> Result<Box<dyn BoundCall<DB>>, serde_json::Error>;
 }
 
@@ -105,6 +108,7 @@ where
         payload: &RawValue,
         meta: Metadata,
         redelivered: bool,
+        attempt: u32,
     ) -> Result<Box<dyn BoundCall<DB>>, serde_json::Error> {
         let payload: T = serde_json::from_str(payload.get())?;
         Ok(Box::new(Bound {
@@ -113,6 +117,7 @@ where
                 payload,
                 meta,
                 redelivered,
+                attempt,
             },
         }))
     }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use warren::{Consumer, DeadLetterInfo, RetryPolicy};
 
 use crate::util::{
-    Backend, Job, Mode, Running, TEST_TIERS, TestBroker, attempt_times, routes, wait_for,
+    Backend, Job, Mode, Running, TEST_TIERS, TestBroker, attempt_times, reported_attempts, routes,
+    wait_for,
 };
 
 on_both_backends!(
@@ -53,6 +54,11 @@ async fn transient_below_the_limit_is_retried_through_the_tiers<B: Backend>() {
 
     let id = &flaky.meta().message_id;
     assert_eq!(attempt_times(id).len(), 3, "two failures, then success");
+    assert_eq!(
+        reported_attempts(id),
+        [1, 2, 3],
+        "the handler is told its attempt"
+    );
     assert_eq!((s.retried, s.applied, s.dead_lettered), (2, 1, 0), "{s:?}");
     assert_gaps_at_least(id, &TEST_TIERS[..2]);
     assert_eq!(db.effects_for(id).await, 1);

@@ -114,6 +114,7 @@ pub struct JobV2 {
 }
 
 static ATTEMPTS: LazyLock<Mutex<HashMap<String, Vec<Instant>>>> = LazyLock::new(Default::default);
+static REPORTED: LazyLock<Mutex<HashMap<String, Vec<u32>>>> = LazyLock::new(Default::default);
 static BROKEN: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
 
 /// Counts attempts per message id, outside any transaction (so rollbacks do not
@@ -128,6 +129,16 @@ pub fn attempt(message_id: &str) -> u32 {
 /// When each attempt at `message_id` began.
 pub fn attempt_times(message_id: &str) -> Vec<Instant> {
     ATTEMPTS
+        .lock()
+        .unwrap()
+        .get(message_id)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The attempt numbers the consumer passed to the handler for `message_id`.
+pub fn reported_attempts(message_id: &str) -> Vec<u32> {
+    REPORTED
         .lock()
         .unwrap()
         .get(message_id)
@@ -305,6 +316,12 @@ impl Backend for Sqlite {
 
 /// The test handler: does what the job's mode says, with a non-idempotent effect.
 pub async fn job<B: Backend>(msg: Message<Job>, tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    REPORTED
+        .lock()
+        .unwrap()
+        .entry(msg.meta.message_id.clone())
+        .or_default()
+        .push(msg.attempt);
     run_job::<B>(&msg.payload, &msg.meta.message_id, tx).await
 }
 
