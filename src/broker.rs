@@ -61,6 +61,9 @@ pub enum BrokerError {
         /// The arguments warren declared.
         wanted: String,
     },
+    /// No channel could be opened to publish on.
+    #[error("cannot publish: {0}")]
+    Unavailable(String),
     /// No confirm arrived in time.
     #[error("no publisher confirm within {0:?}")]
     ConfirmTimeout(Duration),
@@ -200,6 +203,48 @@ impl Publisher {
         Ok(channel)
     }
 
+    /// Publishes every item, then waits for all their confirms: one round trip
+    /// for the batch instead of one per message. Results are in input order.
+    pub async fn publish_batch(&self, items: &[BatchItem<'_>]) -> Vec<Result<(), BrokerError>> {
+        let channel = match self.channel().await {
+            Ok(c) => c,
+            Err(e) => {
+                let text = e.to_string();
+                return items
+                    .iter()
+                    .map(|_| Err(BrokerError::Unavailable(text.clone())))
+                    .collect();
+            }
+        };
+        let mut pending = Vec::with_capacity(items.len());
+        for item in items {
+            let sent = channel
+                .basic_publish(
+                    ShortString::from(item.exchange),
+                    ShortString::from(item.routing_key),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    item.body,
+                    item.properties.clone(),
+                )
+                .await;
+            pending.push(sent);
+        }
+        let waits = pending
+            .into_iter()
+            .zip(items)
+            .map(|(sent, item)| async move {
+                let confirm = sent?;
+                let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+                    .await
+                    .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
+                confirmed(confirmation, item.exchange, item.routing_key)
+            });
+        futures_util::future::join_all(waits).await
+    }
+
     /// Publishes an envelope built by [`Outgoing`] and waits for its confirm.
     pub async fn publish(
         &self,
@@ -236,6 +281,29 @@ impl Publisher {
         let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
             .await
             .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
+        confirmed(confirmation, exchange, routing_key)
+    }
+}
+
+/// One message of a [`Publisher::publish_batch`].
+#[derive(Debug)]
+pub struct BatchItem<'a> {
+    /// Exchange.
+    pub exchange: &'a str,
+    /// Routing key.
+    pub routing_key: &'a str,
+    /// Body.
+    pub body: &'a [u8],
+    /// Properties.
+    pub properties: BasicProperties,
+}
+
+fn confirmed(
+    confirmation: Confirmation,
+    exchange: &str,
+    routing_key: &str,
+) -> Result<(), BrokerError> {
+    {
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {

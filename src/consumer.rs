@@ -41,8 +41,9 @@ use crate::failpoint;
 use crate::failure::{DeadLetterReason, HandlerError};
 use crate::handler::BoundCall;
 use crate::registry::Registry;
+use crate::relay::{Relay, RelayConfig};
 use crate::retry::{RetryDecision, RetryPolicy};
-use crate::store::{InboxEntry, Store, StoreError};
+use crate::store::{InboxEntry, OutboxStore, Store, StoreError};
 use crate::telemetry::{MessageFields, Outcome, StatsHandle, Telemetry};
 use crate::topology::{QueueType, Topology, dead_letter_queue_name, retry_queue_name};
 
@@ -380,6 +381,41 @@ impl<S: Store> Consumer<S> {
     }
 }
 
+impl<S: OutboxStore> Consumer<S> {
+    /// Runs the consumer and an outbox relay on the same store together, the
+    /// common case: what handlers write to the outbox is published as soon as it
+    /// commits. On shutdown the consumer drains first, then the relay publishes
+    /// what is committed and stops.
+    pub async fn run_with_relay<F>(
+        self,
+        amqp_url: &str,
+        relay: RelayConfig,
+        shutdown: F,
+    ) -> Result<(), Error>
+    where
+        F: Future<Output = ()> + Send,
+    {
+        relay.validate()?;
+        let relay = Relay::new(self.inner.store.clone(), relay);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let url = amqp_url.to_owned();
+        let relay_task = tokio::spawn(async move {
+            relay
+                .run(&url, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let consumed = self.run(amqp_url, shutdown).await;
+        let _ = stop.send(());
+        let relayed = match relay_task.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Task(format!("outbox relay: {e}"))),
+        };
+        consumed.and(relayed)
+    }
+}
+
 fn log_task_end(done: Result<(), tokio::task::JoinError>) {
     if let Err(e) = done
         && !e.is_cancelled()
@@ -482,7 +518,7 @@ impl<S: Store> Inner<S> {
                         };
                         let forget_redeliveries =
                             delivery.redelivered && self.counts_redeliveries();
-                        let applied = self.apply(call, &entry, forget_redeliveries).await;
+                        let applied = self.apply(call, &meta, &entry, forget_redeliveries).await;
                         self.settle(publisher, &delivery, &history, applied).await
                     }
                 };
@@ -594,10 +630,12 @@ impl<S: Store> Inner<S> {
     async fn apply(
         &self,
         call: Box<dyn BoundCall<S::Db>>,
+        meta: &Metadata,
         entry: &InboxEntry<'_>,
         forget_redeliveries: bool,
     ) -> Result<bool, Failure> {
         let mut tx = self.store.begin().await.map_err(Failure::Store)?;
+        tx.set_cause(meta.clone());
         // The insert is the claim: a copy in flight elsewhere blocks here until the
         // first commits, then finds the row and backs off.
         let claimed = self
@@ -624,8 +662,12 @@ impl<S: Store> Inner<S> {
         let handled = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
         match handled {
             Ok(Ok(())) => {
+                let enqueued = tx.enqueued();
                 failpoint::hit("before-commit");
                 tx.commit().await.map_err(Failure::Store)?;
+                if enqueued > 0 {
+                    crate::relay::wake_relay();
+                }
                 failpoint::hit("after-commit-before-ack");
                 Ok(true)
             }

@@ -16,6 +16,9 @@ pub enum Error {
     /// The database could not be reached or refused an operation.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A task warren runs (the relay beside a consumer) panicked.
+    #[error("internal task failed: {0}")]
+    Task(String),
     /// The broker ended the subscription (queue deleted, connection lost).
     #[error("the broker ended the subscription to queue {queue:?}: {detail}")]
     SubscriptionLost {

@@ -6,7 +6,11 @@
 //! point. Without the feature every point compiles to nothing.
 
 /// The crash points warren knows.
-pub const NAMES: &[&str] = &["before-commit", "after-commit-before-ack"];
+pub const NAMES: &[&str] = &[
+    "before-commit",
+    "after-commit-before-ack",
+    "relay-after-publish-before-mark",
+];
 
 /// The environment variable read.
 pub const ENV: &str = "WARREN_FAILPOINTS";

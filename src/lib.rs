@@ -19,6 +19,8 @@
 //! - `failure`: the failure taxonomy: [`HandlerError`], [`DeadLetterReason`].
 //! - `retry`: delay tiers, attempt and poison limits as data ([`RetryPolicy`]).
 //! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
+//! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
+//! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
 //! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
 //! - `topology`: exchanges and queues as data ([`Topology`]).
 //! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
@@ -41,14 +43,16 @@ mod error;
 pub mod failpoint;
 mod failure;
 mod handler;
+pub mod outbox;
 mod registry;
+mod relay;
 mod retry;
 mod shutdown;
 mod store;
 mod telemetry;
 mod topology;
 
-pub use broker::{BrokerError, CONFIRM_TIMEOUT, Publisher, connect, declare};
+pub use broker::{BatchItem, BrokerError, CONFIRM_TIMEOUT, Publisher, connect, declare};
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -68,6 +72,10 @@ pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
 pub use handler::{Handler, Message};
 pub use registry::Registry;
+pub use relay::{
+    DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
+    Relay, RelayConfig, RelayStats, wake_relay,
+};
 pub use retry::{
     DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,
 };
@@ -76,7 +84,7 @@ pub use shutdown::shutdown_signal;
 pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
-pub use store::{InboxEntry, Store, StoreError, Tx};
+pub use store::{Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx};
 pub use telemetry::{ConsumerStats, Outcome, StatsHandle};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,

@@ -10,6 +10,7 @@ mod cli;
 mod crash;
 mod failures;
 mod inbox;
+mod outbox;
 mod poison;
 mod retries;
 mod shutdown;

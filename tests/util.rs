@@ -86,23 +86,37 @@ pub struct Job {
     /// Sleep this long before doing anything, on every attempt.
     #[serde(default)]
     pub delay_ms: u64,
+    /// Write this many outbox events (event type `test.out`) to `emit_to`, with
+    /// routing key `out.event`, before anything can fail.
+    #[serde(default)]
+    pub emit: u32,
+    #[serde(default)]
+    pub emit_to: String,
 }
 
 impl Job {
     pub fn ok() -> Self {
-        Job {
-            mode: Mode::Ok,
-            delay_ms: 0,
-        }
+        Job::with(Mode::Ok)
     }
     pub fn with(mode: Mode) -> Self {
-        Job { mode, delay_ms: 0 }
+        Job {
+            mode,
+            delay_ms: 0,
+            emit: 0,
+            emit_to: String::new(),
+        }
     }
     pub fn slow(ms: u64) -> Self {
         Job {
-            mode: Mode::Ok,
             delay_ms: ms,
+            ..Job::ok()
         }
+    }
+    /// Also writes `n` outbox events to `exchange`.
+    pub fn emitting(mut self, n: u32, exchange: &str) -> Self {
+        self.emit = n;
+        self.emit_to = exchange.to_owned();
+        self
     }
 }
 
@@ -157,8 +171,8 @@ pub fn set_broken(switch: &str, broken: bool) {
 }
 
 /// A database dialect under test.
-pub trait Backend: sqlx::Database {
-    type S: Store<Db = Self>;
+pub trait Backend: warren::Dialect {
+    type S: warren::OutboxStore + Store<Db = Self>;
     // Used by the crash tests, which need the `failpoints` feature.
     #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     const NAME: &'static str;
@@ -171,6 +185,8 @@ pub trait Backend: sqlx::Database {
         tx: &'a mut Tx<Self>,
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    /// The store's pool.
+    fn pool(store: &Self::S) -> &sqlx::Pool<Self>;
     /// Runs a `SELECT count(...)` query.
     fn count(store: &Self::S, sql: String) -> impl Future<Output = i64> + Send;
 }
@@ -266,6 +282,10 @@ impl Backend for Postgres {
         Ok(())
     }
 
+    fn pool(store: &PgStore) -> &sqlx::Pool<Self> {
+        store.pool()
+    }
+
     async fn count(store: &PgStore, sql: String) -> i64 {
         sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(store.pool())
@@ -306,6 +326,10 @@ impl Backend for Sqlite {
         Ok(())
     }
 
+    fn pool(store: &SqliteStore) -> &sqlx::Pool<Self> {
+        store.pool()
+    }
+
     async fn count(store: &SqliteStore, sql: String) -> i64 {
         sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(store.pool())
@@ -339,6 +363,10 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
     // The effect is written before any failure, so a failure that does not roll
     // back would show up as an extra row.
     B::insert_effect(tx, id).await?;
+    for i in 0..job.emit {
+        let event = Outgoing::new(OUT_EVENT, 1, &serde_json::json!({ "n": i })).unwrap();
+        tx.publish(&job.emit_to, "out.event", event).await.unwrap();
+    }
     match job.mode {
         Mode::Ok => Ok(()),
         Mode::Permanent => Err(HandlerError::permanent("the job says it can never succeed")),
@@ -388,10 +416,23 @@ pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfig {
         .with_shutdown_timeout(Duration::from_secs(10))
 }
 
+/// The event type the test handler writes to the outbox.
+pub const OUT_EVENT: &str = "test.out";
+
+/// A downstream handler for outbox events: records one effect per message.
+pub async fn out_event<B: Backend>(
+    msg: Message<serde_json::Value>,
+    tx: &mut Tx<B>,
+) -> Result<(), HandlerError> {
+    B::insert_effect(tx, &msg.meta.message_id).await?;
+    Ok(())
+}
+
 pub fn routes<B: Backend>() -> Registry<B> {
     Registry::new()
         .route(EVENT, 1, job::<B>)
         .route(EVENT, 2, job_v2::<B>)
+        .route(OUT_EVENT, 1, out_event::<B>)
 }
 
 /// A test's broker names and a connection to inspect and publish with.
@@ -421,6 +462,30 @@ impl TestBroker {
     /// The default test consumer configuration.
     pub fn config(&self) -> ConsumerConfig {
         test_config(&self.name, &self.queue, &self.exchange)
+    }
+
+    /// Declares a queue bound to the test exchange with `out.#`, where outbox events
+    /// land, and returns its name.
+    pub async fn capture(&self) -> String {
+        let name = format!("{}.capture", self.queue);
+        let config = ConsumerConfig::new(format!("{}-downstream", self.name), &name)
+            .bind(&self.exchange, ["out.#"])
+            .with_retry(RetryPolicy::new(TEST_TIERS));
+        for q in warren::Topology::for_consumer(&config).queue_names() {
+            self.track_queue(q);
+        }
+        self.declare_config(&config).await;
+        name
+    }
+
+    /// The configuration of a downstream consumer of the capture queue.
+    pub fn downstream_config(&self) -> ConsumerConfig {
+        test_config(
+            &format!("{}-downstream", self.name),
+            &format!("{}.capture", self.queue),
+            &self.exchange,
+        )
+        .bind(&self.exchange, ["out.#"])
     }
 
     /// Remembers another queue to delete at cleanup.
@@ -605,4 +670,74 @@ macro_rules! on_both_backends {
             }
         )*
     };
+}
+
+/// A TCP proxy in front of the broker that can be taken down and brought back, to
+/// make the broker unreachable for one client without touching the shared broker.
+pub struct Proxy {
+    pub port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    kill: tokio::sync::watch::Sender<u64>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start() -> Proxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let (kill, _) = tokio::sync::watch::channel(0u64);
+        let up2 = Arc::clone(&up);
+        let kill2 = kill.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !up2.load(Ordering::SeqCst) {
+                    drop(client); // refused, as a stopped broker would
+                    continue;
+                }
+                let mut killed = kill2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect("127.0.0.1:5672").await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = killed.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy {
+            port,
+            up,
+            kill,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Cuts every connection and refuses new ones.
+    pub fn down(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.kill.send_modify(|n| *n += 1);
+    }
+
+    pub fn up(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.down();
+        self.task.abort();
+    }
 }

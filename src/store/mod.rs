@@ -10,6 +10,8 @@ use std::ops::{Deref, DerefMut};
 use chrono::{DateTime, Utc};
 use sqlx::Database;
 
+use crate::outbox::{OutboxRow, RowOutcome};
+
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -27,11 +29,27 @@ pub use sqlite::SqliteStore;
 /// transaction, claims the message, runs the handler, and commits or rolls back.
 pub struct Tx<DB: Database> {
     inner: sqlx::Transaction<'static, DB>,
+    /// The message being handled, whose ids outgoing messages carry on.
+    cause: Option<crate::envelope::Metadata>,
+    /// Outbox rows written, so the relay can be woken after the commit.
+    enqueued: usize,
 }
 
 impl<DB: Database> Tx<DB> {
     pub(crate) fn new(inner: sqlx::Transaction<'static, DB>) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            cause: None,
+            enqueued: 0,
+        }
+    }
+
+    pub(crate) fn set_cause(&mut self, cause: crate::envelope::Metadata) {
+        self.cause = Some(cause);
+    }
+
+    pub(crate) fn enqueued(&self) -> usize {
+        self.enqueued
     }
 
     /// The connection inside the transaction, for sqlx queries.
@@ -61,6 +79,37 @@ impl<DB: Database> DerefMut for Tx<DB> {
     }
 }
 
+impl<DB: Dialect> Tx<DB> {
+    /// Writes `message` to the outbox in this transaction, for the relay to publish
+    /// to `exchange` with `routing_key` after the commit. Inside a handler the
+    /// message is marked as caused by the message being handled (its correlation
+    /// id carried over, its causation id set to the incoming message id). Returns
+    /// the outgoing message id, fixed now and never regenerated.
+    pub async fn publish(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        message: crate::envelope::Outgoing,
+    ) -> Result<String, StoreError> {
+        let message = match &self.cause {
+            Some(cause) => message.caused_by(cause),
+            None => message,
+        };
+        crate::outbox::enqueue::<DB>(&mut self.inner, exchange, routing_key, &message).await?;
+        self.enqueued += 1;
+        Ok(message.meta().message_id.clone())
+    }
+}
+
+/// A database dialect warren can write its outbox in: PostgreSQL or SQLite.
+pub trait Dialect: Database {
+    /// Inserts one outbox row on `conn`, inside whatever transaction it is in.
+    fn insert_outbox<'c>(
+        conn: &'c mut Self::Connection,
+        row: &'c crate::outbox::NewOutboxRow<'c>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
+}
+
 /// One row of the inbox: the claim a consumer makes on a message id.
 #[derive(Debug, Clone)]
 pub struct InboxEntry<'a> {
@@ -83,7 +132,7 @@ pub struct InboxEntry<'a> {
 /// a message once, nothing more.
 pub trait Store: Clone + Send + Sync + 'static {
     /// The sqlx database the handler's transaction belongs to.
-    type Db: Database;
+    type Db: Dialect;
 
     /// Applies warren's migrations for this dialect. Safe to call from several
     /// processes at once.
@@ -119,6 +168,72 @@ pub trait Store: Clone + Send + Sync + 'static {
         consumer: &'a str,
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+}
+
+/// The outbox side of a store: what the relay and the operators' tools need.
+pub trait OutboxStore: Store {
+    /// Takes up to `limit` unpublished rows in order, passes them to `publish`,
+    /// and records each row's outcome. On PostgreSQL the rows stay locked
+    /// (`FOR UPDATE SKIP LOCKED`) until the outcomes are recorded, so another relay
+    /// skips them. Returns the number of rows handed to `publish`.
+    fn relay_batch<'a, F, Fut>(
+        &'a self,
+        limit: usize,
+        publish: F,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send + 'a
+    where
+        F: FnOnce(Vec<OutboxRow>) -> Fut + Send + 'a,
+        Fut: Future<Output = Vec<(i64, RowOutcome)>> + Send + 'a;
+
+    /// A listener that wakes the relay when rows are committed (PostgreSQL's
+    /// `LISTEN`); `None` where the database has no such thing.
+    fn listen(
+        &self,
+    ) -> impl Future<Output = Result<Option<OutboxListener>, StoreError>> + Send + '_ {
+        async { Ok(None) }
+    }
+
+    /// Pending and failed counts and the oldest pending row's age.
+    fn outbox_status(
+        &self,
+    ) -> impl Future<Output = Result<crate::outbox::OutboxStatus, StoreError>> + Send + '_;
+
+    /// Puts failed rows (all, or those with the given ids) back in the queue.
+    fn retry_failed<'a>(
+        &'a self,
+        ids: &'a [i64],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+
+    /// Deletes up to `batch` rows published before `cutoff`; returns how many.
+    fn delete_published_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
+}
+
+/// Notifications that outbox rows were committed.
+pub struct OutboxListener {
+    #[cfg(feature = "postgres")]
+    inner: sqlx::postgres::PgListener,
+}
+
+impl OutboxListener {
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(inner: sqlx::postgres::PgListener) -> Self {
+        Self { inner }
+    }
+
+    /// Waits for the next notification. If the listening connection breaks, the
+    /// listener reconnects; until then it waits a little, leaving the relay to
+    /// its poll.
+    pub async fn recv(&mut self) {
+        #[cfg(feature = "postgres")]
+        if self.inner.recv().await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 /// An error from a store.
@@ -205,4 +320,49 @@ impl Migrations {
         }
         Ok(())
     }
+}
+
+/// An outbox row as selected: id, message id, exchange, routing key, properties
+/// (JSON), body, attempts.
+pub(crate) type RawOutboxRow = (i64, String, String, String, String, Vec<u8>, i64);
+
+/// Turns raw outbox rows into [`OutboxRow`](OutboxRow)s; rows whose
+/// stored properties cannot be read come back as failed outcomes instead.
+pub(crate) fn outbox_rows(raw: Vec<RawOutboxRow>) -> (Vec<OutboxRow>, Vec<(i64, RowOutcome)>) {
+    let mut rows = Vec::with_capacity(raw.len());
+    let mut unreadable = Vec::new();
+    for (id, message_id, exchange, routing_key, properties, body, attempts) in raw {
+        match crate::outbox::parse_properties(&properties) {
+            Ok(properties) => rows.push(OutboxRow {
+                id,
+                message_id,
+                exchange,
+                routing_key,
+                properties,
+                body,
+                attempts,
+            }),
+            Err(e) => unreadable.push((id, RowOutcome::Failed(e))),
+        }
+    }
+    (rows, unreadable)
+}
+
+pub(crate) fn failed_rows(
+    raw: Vec<(i64, String, String, String, Option<String>, i64)>,
+) -> Vec<crate::outbox::FailedRow> {
+    raw.into_iter()
+        .map(
+            |(id, message_id, exchange, routing_key, last_error, attempts)| {
+                crate::outbox::FailedRow {
+                    id,
+                    message_id,
+                    exchange,
+                    routing_key,
+                    last_error: last_error.unwrap_or_default(),
+                    attempts,
+                }
+            },
+        )
+        .collect()
 }

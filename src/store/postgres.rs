@@ -3,9 +3,18 @@
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres};
 
-use super::{InboxEntry, Migration, Migrations, Store, StoreError, Tx};
+use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
+
+use super::{
+    Dialect, InboxEntry, Migration, Migrations, OutboxListener, OutboxStore, RawOutboxRow, Store,
+    StoreError, Tx, failed_rows, outbox_rows,
+};
 
 const MIGRATIONS: Migrations = Migrations {
     create_table: "CREATE TABLE IF NOT EXISTS warren_migrations (
@@ -41,6 +50,29 @@ const MIGRATIONS: Migrations = Migrations {
                 last_delivered_at TIMESTAMPTZ NOT NULL DEFAULT now(),
                 PRIMARY KEY (consumer_name, message_id)
             )"],
+        },
+        Migration {
+            version: 3,
+            name: "outbox",
+            statements: &[
+                "CREATE TABLE warren_outbox (
+                    id           BIGSERIAL   PRIMARY KEY,
+                    message_id   TEXT        NOT NULL UNIQUE,
+                    exchange     TEXT        NOT NULL,
+                    routing_key  TEXT        NOT NULL,
+                    properties   TEXT        NOT NULL,
+                    body         BYTEA       NOT NULL,
+                    created_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    attempts     BIGINT      NOT NULL DEFAULT 0,
+                    last_error   TEXT        NULL,
+                    published_at TIMESTAMPTZ NULL,
+                    failed_at    TIMESTAMPTZ NULL
+                )",
+                "CREATE INDEX warren_outbox_pending ON warren_outbox (id)
+                    WHERE published_at IS NULL AND failed_at IS NULL",
+                "CREATE INDEX warren_outbox_published ON warren_outbox (published_at)
+                    WHERE published_at IS NOT NULL",
+            ],
         },
     ],
 };
@@ -164,5 +196,149 @@ impl Store for PgStore {
             None => query.execute(&self.pool).await?,
         };
         Ok(())
+    }
+}
+
+/// The channel the outbox writer notifies (delivered at commit) and the relay
+/// listens on, so a relay wakes as soon as rows are committed.
+pub(crate) const NOTIFY_CHANNEL: &str = "warren_outbox";
+
+impl Dialect for Postgres {
+    async fn insert_outbox<'c>(
+        conn: &'c mut PgConnection,
+        row: &'c NewOutboxRow<'c>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(row.message_id)
+        .bind(row.exchange)
+        .bind(row.routing_key)
+        .bind(&row.properties)
+        .bind(&row.body)
+        .execute(&mut *conn)
+        .await?;
+        // Delivered only if and when the transaction commits.
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(NOTIFY_CHANNEL)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+impl OutboxStore for PgStore {
+    async fn listen(&self) -> Result<Option<OutboxListener>, StoreError> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok(Some(OutboxListener::postgres(listener)))
+    }
+
+    async fn relay_batch<'a, F, Fut>(
+        &'a self,
+        limit: usize,
+        publish: F,
+    ) -> Result<usize, StoreError>
+    where
+        F: FnOnce(Vec<OutboxRow>) -> Fut + Send + 'a,
+        Fut: Future<Output = Vec<(i64, RowOutcome)>> + Send + 'a,
+    {
+        let mut tx = self.pool.begin().await?;
+        // Locked rows belong to another relay's batch; skipping them is what lets
+        // several relays share one outbox without publishing a row twice.
+        let raw: Vec<RawOutboxRow> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, properties, body, attempts
+             FROM warren_outbox
+             WHERE published_at IS NULL AND failed_at IS NULL
+             ORDER BY id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await?;
+        let taken = raw.len();
+        if taken == 0 {
+            tx.rollback().await?;
+            return Ok(0);
+        }
+        let (rows, unreadable) = outbox_rows(raw);
+        let mut outcomes = publish(rows).await;
+        outcomes.extend(unreadable);
+        for (id, outcome) in outcomes {
+            let q = match &outcome {
+                RowOutcome::Published => sqlx::query(
+                    "UPDATE warren_outbox SET published_at = clock_timestamp(), attempts = attempts + 1
+                     WHERE id = $1",
+                )
+                .bind(id),
+                RowOutcome::Failed(e) => sqlx::query(
+                    "UPDATE warren_outbox SET failed_at = clock_timestamp(), attempts = attempts + 1,
+                     last_error = $2 WHERE id = $1",
+                )
+                .bind(id)
+                .bind(e),
+                RowOutcome::Retry(e) => sqlx::query(
+                    "UPDATE warren_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1",
+                )
+                .bind(id)
+                .bind(e),
+            };
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    async fn outbox_status(&self) -> Result<OutboxStatus, StoreError> {
+        let (pending, oldest, published): (i64, Option<DateTime<Utc>>, i64) = sqlx::query_as(
+            "SELECT
+                count(*) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
+                min(created_at) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
+                count(*) FILTER (WHERE published_at IS NOT NULL)
+             FROM warren_outbox",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, last_error, attempts
+             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(OutboxStatus {
+            pending,
+            oldest_pending: oldest,
+            published,
+            failed: failed_rows(failed),
+        })
+    }
+
+    async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE warren_outbox SET failed_at = NULL
+             WHERE failed_at IS NOT NULL AND (cardinality($1::BIGINT[]) = 0 OR id = ANY($1))",
+        )
+        .bind(ids)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn delete_published_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM warren_outbox WHERE id IN (
+                SELECT id FROM warren_outbox WHERE published_at < $1 LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -6,9 +6,18 @@ use std::time::Duration;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, Sqlite};
+use std::future::Future;
 
-use super::{InboxEntry, Migration, Migrations, Store, StoreError, Tx};
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Connection, Sqlite};
+
+use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
+
+use super::{
+    Dialect, InboxEntry, Migration, Migrations, OutboxStore, RawOutboxRow, Store, StoreError, Tx,
+    failed_rows, outbox_rows,
+};
 
 const MIGRATIONS: Migrations = Migrations {
     create_table: "CREATE TABLE IF NOT EXISTS warren_migrations (
@@ -44,6 +53,29 @@ const MIGRATIONS: Migrations = Migrations {
                 last_delivered_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
                 PRIMARY KEY (consumer_name, message_id)
             )"],
+        },
+        Migration {
+            version: 3,
+            name: "outbox",
+            statements: &[
+                "CREATE TABLE warren_outbox (
+                    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+                    message_id   TEXT    NOT NULL UNIQUE,
+                    exchange     TEXT    NOT NULL,
+                    routing_key  TEXT    NOT NULL,
+                    properties   TEXT    NOT NULL,
+                    body         BLOB    NOT NULL,
+                    created_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+                    attempts     INTEGER NOT NULL DEFAULT 0,
+                    last_error   TEXT    NULL,
+                    published_at TEXT    NULL,
+                    failed_at    TEXT    NULL
+                )",
+                "CREATE INDEX warren_outbox_pending ON warren_outbox (id)
+                    WHERE published_at IS NULL AND failed_at IS NULL",
+                "CREATE INDEX warren_outbox_published ON warren_outbox (published_at)
+                    WHERE published_at IS NOT NULL",
+            ],
         },
     ],
 };
@@ -129,7 +161,7 @@ impl Store for SqliteStore {
         .bind(entry.event_type)
         .bind(entry.correlation_id)
         // The same text form as the column defaults, so times compare as strings.
-        .bind(entry.received_at.format("%Y-%m-%dT%H:%M:%.3fZ").to_string())
+        .bind(sqlite_time(entry.received_at))
         .execute(tx.conn())
         .await?;
         Ok(done.rows_affected() == 1)
@@ -170,5 +202,162 @@ impl Store for SqliteStore {
             None => query.execute(&self.pool).await?,
         };
         Ok(())
+    }
+}
+
+/// The text form of times in warren's SQLite tables, which compares correctly as
+/// a string.
+fn sqlite_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%.3fZ").to_string()
+}
+
+fn parse_sqlite_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+impl Dialect for Sqlite {
+    async fn insert_outbox<'c>(
+        conn: &'c mut SqliteConnection,
+        row: &'c NewOutboxRow<'c>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(row.message_id)
+        .bind(row.exchange)
+        .bind(row.routing_key)
+        .bind(&row.properties)
+        .bind(&row.body)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+}
+
+impl OutboxStore for SqliteStore {
+    /// SQLite has no row locks: the batch is read without holding the write lock
+    /// (so consumers are not blocked while it is published), and the outcomes are
+    /// written in one short transaction. Several relays on one SQLite file could
+    /// publish a row twice; downstream inboxes absorb that, but run one relay.
+    async fn relay_batch<'a, F, Fut>(
+        &'a self,
+        limit: usize,
+        publish: F,
+    ) -> Result<usize, StoreError>
+    where
+        F: FnOnce(Vec<OutboxRow>) -> Fut + Send + 'a,
+        Fut: Future<Output = Vec<(i64, RowOutcome)>> + Send + 'a,
+    {
+        let raw: Vec<RawOutboxRow> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, properties, body, attempts
+             FROM warren_outbox
+             WHERE published_at IS NULL AND failed_at IS NULL
+             ORDER BY id
+             LIMIT ?",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        let taken = raw.len();
+        if taken == 0 {
+            return Ok(0);
+        }
+        let (rows, unreadable) = outbox_rows(raw);
+        let mut outcomes = publish(rows).await;
+        outcomes.extend(unreadable);
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        for (id, outcome) in outcomes {
+            let q = match &outcome {
+                RowOutcome::Published => sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE warren_outbox SET published_at = {NOW}, attempts = attempts + 1 WHERE id = ?"
+                )))
+                .bind(id),
+                RowOutcome::Failed(e) => sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE warren_outbox SET failed_at = {NOW}, attempts = attempts + 1,
+                     last_error = ? WHERE id = ?"
+                )))
+                .bind(e)
+                .bind(id),
+                RowOutcome::Retry(e) => sqlx::query(
+                    "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+                )
+                .bind(e)
+                .bind(id),
+            };
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    async fn outbox_status(&self) -> Result<OutboxStatus, StoreError> {
+        let (pending, oldest, published): (i64, Option<String>, i64) = sqlx::query_as(
+            "SELECT
+                coalesce(sum(published_at IS NULL AND failed_at IS NULL), 0),
+                min(CASE WHEN published_at IS NULL AND failed_at IS NULL THEN created_at END),
+                coalesce(sum(published_at IS NOT NULL), 0)
+             FROM warren_outbox",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, last_error, attempts
+             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(OutboxStatus {
+            pending,
+            oldest_pending: oldest.as_deref().and_then(parse_sqlite_time),
+            published,
+            failed: failed_rows(failed),
+        })
+    }
+
+    async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut n = 0;
+        if ids.is_empty() {
+            n = sqlx::query(
+                "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL",
+            )
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        for id in ids {
+            n += sqlx::query(
+                "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL AND id = ?",
+            )
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn delete_published_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM warren_outbox WHERE id IN (
+                SELECT id FROM warren_outbox WHERE published_at < ? LIMIT ?)",
+        )
+        .bind(sqlite_time(cutoff))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 }

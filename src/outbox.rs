@@ -1,0 +1,171 @@
+//! The transactional outbox: outgoing messages written in the same transaction as
+//! the business change, published by the relay after the commit.
+//!
+//! Inside a handler, use [`Tx::publish`](crate::Tx::publish). Anywhere else (a web
+//! request's own transaction, say), call [`enqueue`] on the connection of your
+//! open transaction; the row commits or rolls back with it.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{CONTENT_TYPE_JSON, Outgoing, PERSISTENT};
+use crate::store::{Dialect, StoreError};
+
+/// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredProperties {
+    /// AMQP `type`: the event type.
+    pub event_type: String,
+    /// AMQP `correlation_id`.
+    pub correlation_id: String,
+    /// AMQP `timestamp`, seconds since the epoch.
+    pub timestamp: u64,
+    /// String headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl StoredProperties {
+    /// The properties of `message`.
+    pub fn of(message: &Outgoing) -> Self {
+        let meta = message.meta();
+        Self {
+            event_type: meta.event_type.clone(),
+            correlation_id: meta.correlation_id.clone(),
+            timestamp: meta.occurred_at.timestamp().max(0) as u64,
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// The AMQP properties to publish with, message id included.
+    pub fn to_amqp(&self, message_id: &str) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        for (k, v) in &self.headers {
+            headers.insert(k.as_str().into(), AMQPValue::LongString(v.as_str().into()));
+        }
+        BasicProperties::default()
+            .with_message_id(message_id.into())
+            .with_type(self.event_type.as_str().into())
+            .with_content_type(CONTENT_TYPE_JSON.into())
+            .with_correlation_id(self.correlation_id.as_str().into())
+            .with_timestamp(self.timestamp)
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers)
+    }
+}
+
+/// A row about to be inserted.
+#[derive(Debug)]
+pub struct NewOutboxRow<'a> {
+    /// The outgoing message id (UUIDv7), fixed at insert.
+    pub message_id: &'a str,
+    /// Exchange to publish to.
+    pub exchange: &'a str,
+    /// Routing key.
+    pub routing_key: &'a str,
+    /// Properties as JSON.
+    pub properties: String,
+    /// The envelope body.
+    pub body: Vec<u8>,
+}
+
+/// An unpublished row, as the relay reads it.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Row id; the publish order.
+    pub id: i64,
+    /// The outgoing message id.
+    pub message_id: String,
+    /// Exchange to publish to.
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Properties as stored.
+    pub properties: StoredProperties,
+    /// The envelope body.
+    pub body: Vec<u8>,
+    /// Publish attempts so far.
+    pub attempts: i64,
+}
+
+/// What became of one row the relay tried to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// Confirmed by the broker.
+    Published,
+    /// Refused for good (unroutable); kept aside until an operator retries it.
+    Failed(String),
+    /// Not confirmed (broker nack, lost connection); stays pending for the next pass.
+    Retry(String),
+}
+
+/// A row the relay gave up on.
+#[derive(Debug, Clone)]
+pub struct FailedRow {
+    /// Row id.
+    pub id: i64,
+    /// The outgoing message id.
+    pub message_id: String,
+    /// Exchange.
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Why it failed.
+    pub last_error: String,
+    /// Publish attempts.
+    pub attempts: i64,
+}
+
+/// What `warren outbox status` shows.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxStatus {
+    /// Rows waiting to be published.
+    pub pending: i64,
+    /// When the oldest waiting row was written.
+    pub oldest_pending: Option<DateTime<Utc>>,
+    /// Rows published and not yet deleted by housekeeping.
+    pub published: i64,
+    /// Rows the relay gave up on.
+    pub failed: Vec<FailedRow>,
+}
+
+impl OutboxStatus {
+    /// Age of the oldest pending row, in seconds (0 when nothing is pending).
+    pub fn oldest_pending_age_seconds(&self, now: DateTime<Utc>) -> f64 {
+        self.oldest_pending
+            .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0)
+            .unwrap_or(0.0)
+    }
+}
+
+/// Writes `message` to the outbox on `conn`, inside the caller's open transaction.
+/// The relay publishes it to `exchange` with `routing_key` once that transaction
+/// has committed; if it rolls back, the message never existed.
+pub async fn enqueue<DB: Dialect>(
+    conn: &mut DB::Connection,
+    exchange: &str,
+    routing_key: &str,
+    message: &Outgoing,
+) -> Result<(), StoreError> {
+    let properties = serde_json::to_string(&StoredProperties::of(message))
+        .expect("properties of strings and numbers always serialize");
+    let row = NewOutboxRow {
+        message_id: &message.meta().message_id,
+        exchange,
+        routing_key,
+        properties,
+        body: message.body(),
+    };
+    DB::insert_outbox(conn, &row).await
+}
+
+/// Parses a stored properties column; a row that cannot be read is failed, not
+/// published with made-up properties.
+pub(crate) fn parse_properties(json: &str) -> Result<StoredProperties, String> {
+    serde_json::from_str(json).map_err(|e| format!("stored properties are not readable: {e}"))
+}

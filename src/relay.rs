@@ -1,0 +1,366 @@
+//! The outbox relay: publishes committed outbox rows with publisher confirms and
+//! `mandatory`, and marks each row only after the broker confirmed it.
+//!
+//! A relay killed between the confirm and the mark publishes the row again with
+//! the same message id: at-least-once, which downstream inboxes turn into
+//! effectively-once. A row the broker cannot route is marked failed and counted,
+//! never dropped.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tokio::sync::Notify;
+
+use crate::Error;
+use crate::broker::{self, BatchItem, BrokerError, Publisher};
+use crate::failpoint;
+use crate::outbox::{OutboxRow, RowOutcome};
+use crate::store::{OutboxStore, StoreError};
+
+/// Default rows per batch.
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// Default poll interval when nothing wakes the relay.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Default time published rows are kept before housekeeping deletes them.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often housekeeping runs.
+pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(600);
+/// Upper bound of the reconnect backoff.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a stopping relay keeps publishing what is already committed.
+const FINAL_PASS: Duration = Duration::from_secs(5);
+
+/// Wakes relays in this process; the writer side calls it after a commit.
+static WAKE: LazyLock<Notify> = LazyLock::new(Notify::new);
+
+/// Wakes the relays of this process now instead of at their next poll. The
+/// consumer does this after committing a transaction that wrote outbox rows; call
+/// it after committing your own transaction that called
+/// [`enqueue`](crate::outbox::enqueue). (On PostgreSQL, relays in other processes
+/// are woken by `NOTIFY` at commit as well.)
+pub fn wake_relay() {
+    WAKE.notify_one();
+}
+
+/// Settings of a relay.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// A name for logs, metrics (label `consumer`) and the broker connection.
+    pub name: String,
+    /// Rows per batch; each batch is published with pipelined confirms.
+    pub batch_size: usize,
+    /// How often to look for rows when nothing wakes the relay.
+    pub poll_interval: Duration,
+    /// How long published rows are kept.
+    pub retention: Duration,
+    /// How often published rows past retention are deleted.
+    pub housekeeping_interval: Duration,
+}
+
+impl RelayConfig {
+    /// Defaults: batches of 100, 1 s poll, 7 days retention.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            batch_size: DEFAULT_BATCH_SIZE,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            retention: DEFAULT_RETENTION,
+            housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
+        }
+    }
+
+    /// Sets the batch size.
+    pub fn with_batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// Sets the poll interval.
+    pub fn with_poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// Sets the retention of published rows.
+    pub fn with_retention(mut self, d: Duration) -> Self {
+        self.retention = d;
+        self
+    }
+
+    /// Checks every setting; the error names it.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.batch_size == 0 {
+            return Err(Error::Config("relay batch size must be at least 1".into()));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::Config(
+                "relay poll interval must be above zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A snapshot of a relay's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Rows published and marked.
+    pub published: u64,
+    /// Rows marked failed (unroutable or unreadable).
+    pub failed: u64,
+    /// Publish attempts left pending for the next pass (broker trouble).
+    pub retried: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+}
+
+/// Publishes committed outbox rows of a store.
+pub struct Relay<S: OutboxStore> {
+    store: S,
+    config: RelayConfig,
+    counters: Arc<Counters>,
+}
+
+impl<S: OutboxStore> Relay<S> {
+    /// A relay for `store`.
+    pub fn new(store: S, config: RelayConfig) -> Self {
+        Self {
+            store,
+            config,
+            counters: Arc::default(),
+        }
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> RelayStats {
+        let c = &self.counters;
+        RelayStats {
+            published: c.published.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            retried: c.retried.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Publishes one batch with `publisher` and records each row's outcome.
+    /// Returns the rows taken and whether the broker had trouble (some rows stay
+    /// pending for the next pass).
+    ///
+    /// The future is boxed so it is plainly `Send`: spawning an unboxed one trips
+    /// the compiler's higher-ranked `Send` inference on the batch closure.
+    pub fn run_once<'a>(
+        &'a self,
+        publisher: &'a Publisher,
+    ) -> futures_util::future::BoxFuture<'a, Result<(usize, bool), StoreError>> {
+        Box::pin(self.run_once_inner(publisher))
+    }
+
+    async fn run_once_inner(&self, publisher: &Publisher) -> Result<(usize, bool), StoreError> {
+        let mut tally = RelayStats::default();
+        let tally_ref = &mut tally;
+        let taken = self
+            .store
+            .relay_batch(self.config.batch_size, move |rows| async move {
+                let outcomes = publish_rows(publisher, rows).await;
+                for (_, outcome) in &outcomes {
+                    match outcome {
+                        RowOutcome::Published => tally_ref.published += 1,
+                        RowOutcome::Failed(_) => tally_ref.failed += 1,
+                        RowOutcome::Retry(_) => tally_ref.retried += 1,
+                    }
+                }
+                outcomes
+            })
+            .await?;
+        // Counted only now that the outcomes are recorded.
+        let c = &self.counters;
+        c.published.fetch_add(tally.published, Ordering::Relaxed);
+        c.failed.fetch_add(tally.failed, Ordering::Relaxed);
+        c.retried.fetch_add(tally.retried, Ordering::Relaxed);
+        let labels = [("consumer", self.config.name.clone())];
+        metrics::counter!("outbox_published_total", &labels).increment(tally.published);
+        metrics::counter!("outbox_failed_total", &labels).increment(tally.failed);
+        Ok((taken, tally.retried > 0))
+    }
+
+    /// Publishes until `shutdown` resolves, then makes a last pass over what is
+    /// already committed. Reconnects to the broker with capped backoff; rows stay
+    /// pending while it is away.
+    pub async fn run<F>(self, amqp_url: &str, shutdown: F) -> Result<(), Error>
+    where
+        F: Future<Output = ()> + Send,
+    {
+        self.config.validate()?;
+        failpoint::check_env().map_err(Error::Config)?;
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut listener = self.store.listen().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot listen for outbox notifications; polling only");
+            None
+        });
+        let mut publisher: Option<(Arc<lapin::Connection>, Publisher)> = None;
+        let mut backoff = Duration::from_millis(100);
+        let mut last_housekeeping = Instant::now();
+        let mut stopping = None::<Instant>;
+        loop {
+            if publisher.is_none() {
+                match broker::connect(amqp_url, &format!("warren relay {}", self.config.name)).await
+                {
+                    Ok(c) => {
+                        let c = Arc::new(c);
+                        publisher = Some((Arc::clone(&c), Publisher::new(c)));
+                        backoff = Duration::from_millis(100);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "relay cannot reach the broker");
+                        if stopping.is_some() {
+                            break;
+                        }
+                        tokio::select! {
+                            () = &mut shutdown => stopping = Some(Instant::now()),
+                            () = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                }
+            }
+            let (_, pub_) = publisher.as_ref().expect("connected above");
+            let pass = self.run_once(pub_).await;
+            let (taken, trouble) = match pass {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay cannot read the outbox");
+                    (0, true)
+                }
+            };
+            if trouble {
+                // Rows stay pending; start over on a fresh connection after a pause.
+                if let Some((c, _)) = publisher.take() {
+                    let _ = c.close(200, "reconnecting".into()).await;
+                }
+                if stopping.is_some() {
+                    break;
+                }
+                tokio::select! {
+                    () = &mut shutdown => stopping = Some(Instant::now()),
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+            if last_housekeeping.elapsed() >= self.config.housekeeping_interval {
+                last_housekeeping = Instant::now();
+                self.housekeeping().await;
+            }
+            if let Some(since) = stopping {
+                if taken < self.config.batch_size || since.elapsed() > FINAL_PASS {
+                    break;
+                }
+                continue;
+            }
+            if taken == self.config.batch_size {
+                continue; // more may be waiting
+            }
+            self.report_backlog().await;
+            tokio::select! {
+                () = &mut shutdown => stopping = Some(Instant::now()),
+                () = WAKE.notified() => {}
+                () = wait_for_notification(&mut listener) => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        if let Some((c, _)) = publisher {
+            let _ = c.close(200, "relay stopped".into()).await;
+        }
+        tracing::info!(relay = %self.config.name, "relay stopped");
+        Ok(())
+    }
+
+    async fn housekeeping(&self) {
+        let cutoff = Utc::now()
+            - chrono::Duration::from_std(self.config.retention).unwrap_or(chrono::Duration::MAX);
+        let mut deleted = 0;
+        loop {
+            match self.store.delete_published_before(cutoff, 1000).await {
+                Ok(n) => {
+                    deleted += n;
+                    if n < 1000 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox housekeeping failed");
+                    break;
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "deleted published outbox rows past retention");
+        }
+    }
+
+    /// Updates the backlog gauges.
+    async fn report_backlog(&self) {
+        if let Ok(status) = self.store.outbox_status().await {
+            let labels = [("consumer", self.config.name.clone())];
+            metrics::gauge!("outbox_pending_messages", &labels).set(status.pending as f64);
+            metrics::gauge!("outbox_oldest_unpublished_age_seconds", &labels)
+                .set(status.oldest_pending_age_seconds(Utc::now()));
+        }
+    }
+}
+
+async fn wait_for_notification(listener: &mut Option<crate::store::OutboxListener>) {
+    match listener {
+        Some(l) => l.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Publishes `rows` as one pipelined batch and maps each confirm to an outcome.
+async fn publish_rows(publisher: &Publisher, rows: Vec<OutboxRow>) -> Vec<(i64, RowOutcome)> {
+    let properties: Vec<_> = rows
+        .iter()
+        .map(|r| r.properties.to_amqp(&r.message_id))
+        .collect();
+    let items: Vec<BatchItem<'_>> = rows
+        .iter()
+        .zip(properties)
+        .map(|(r, properties)| BatchItem {
+            exchange: &r.exchange,
+            routing_key: &r.routing_key,
+            body: &r.body,
+            properties,
+        })
+        .collect();
+    let results = publisher.publish_batch(&items).await;
+    failpoint::hit("relay-after-publish-before-mark");
+    rows.iter()
+        .zip(results)
+        .map(|(row, result)| {
+            let outcome = match result {
+                Ok(()) => RowOutcome::Published,
+                Err(e @ BrokerError::Unroutable { .. }) => {
+                    tracing::error!(
+                        message_id = %row.message_id,
+                        exchange = %row.exchange,
+                        routing_key = %row.routing_key,
+                        error = %e,
+                        "outbox message is unroutable; marked failed"
+                    );
+                    RowOutcome::Failed(e.to_string())
+                }
+                Err(e) => RowOutcome::Retry(e.to_string()),
+            };
+            (row.id, outcome)
+        })
+        .collect()
+}

@@ -1,0 +1,328 @@
+//! The transactional outbox and its relay: rows exist only if their transaction
+//! committed, are published with confirms, and are never lost or silently dropped.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use warren::{Consumer, OutboxStore, Outgoing, Publisher, Relay, RelayConfig, Store};
+
+use crate::util::{
+    Backend, Job, Mode, OUT_EVENT, Proxy, Running, TestBroker, amqp_url, routes, wait_for,
+};
+
+on_both_backends!(
+    row_is_invisible_until_its_transaction_commits,
+    handler_outbox_rows_follow_the_transaction,
+    broker_down_rows_wait_and_are_published_after,
+    unroutable_row_is_marked_failed_not_published,
+);
+
+fn relay_config(broker: &TestBroker) -> RelayConfig {
+    RelayConfig::new(format!("{}-relay", broker.name))
+        .with_poll_interval(Duration::from_millis(200))
+}
+
+fn event(n: u32) -> Outgoing {
+    Outgoing::new(OUT_EVENT, 1, &serde_json::json!({ "n": n })).unwrap()
+}
+
+async fn row_is_invisible_until_its_transaction_commits<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let relay = Relay::new(db.store.clone(), relay_config(&broker));
+    let publisher = Publisher::new(Arc::clone(&broker.connection));
+
+    let msg = event(1);
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &msg)
+        .await
+        .unwrap();
+    assert_eq!(
+        relay.run_once(&publisher).await.unwrap(),
+        (0, false),
+        "not committed yet"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(relay.run_once(&publisher).await.unwrap(), (1, false));
+
+    let got = broker.drain(&capture).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].properties.message_id().as_ref().unwrap().as_str(),
+        msg.meta().message_id,
+        "the id fixed at insert is the id published"
+    );
+    assert_eq!(got[0].data, msg.body());
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!((status.pending, status.published), (0, 1));
+
+    // A rolled-back row never existed.
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(2))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(relay.run_once(&publisher).await.unwrap(), (0, false));
+    assert_eq!(relay.stats().published, 1);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// A handler writes two outbox events and then fails transiently once: the failed
+/// attempt's events roll back with it, the retry's two are published. A
+/// dead-lettered message publishes nothing.
+async fn handler_outbox_rows_follow_the_transaction<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let flaky =
+        TestBroker::message(&Job::with(Mode::Transient { n: 1 }).emitting(2, &broker.exchange));
+    let doomed = TestBroker::message(&Job::with(Mode::Permanent).emitting(2, &broker.exchange));
+    broker.publish(&flaky).await;
+    broker.publish(&doomed).await;
+
+    let consumer = Consumer::new(broker.config(), db.store.clone(), routes::<B>());
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay_config = relay_config(&broker);
+    let task = tokio::spawn(async move {
+        consumer
+            .run_with_relay(&amqp_url(), relay_config, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let s = stats.snapshot();
+            async move { s.applied + s.dead_lettered == 2 }
+        })
+        .await
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            broker.ready(&capture).await >= 2
+        })
+        .await,
+        "the relay beside the consumer publishes the committed events"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!(
+        (status.pending, status.published),
+        (0, 2),
+        "only the committed attempt's rows ever existed"
+    );
+    let got = broker.drain(&capture).await;
+    assert_eq!(got.len(), 2);
+    let ids: HashSet<_> = got
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "two distinct events");
+    for d in &got {
+        let body: serde_json::Value = serde_json::from_slice(&d.data).unwrap();
+        assert_eq!(body["causationId"], flaky.meta().message_id.as_str());
+        assert_eq!(body["correlationId"], flaky.meta().correlation_id.as_str());
+        assert_eq!(body["eventType"], OUT_EVENT);
+    }
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// With the broker unreachable the rows wait; when it is back they are published.
+async fn broker_down_rows_wait_and_are_published_after<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let proxy = Proxy::start().await;
+    proxy.down();
+
+    let relay = Relay::new(db.store.clone(), relay_config(&broker));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let url = proxy.url();
+    let running = tokio::spawn(async move {
+        relay
+            .run(&url, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    for n in 0..5 {
+        warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(n))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    warren::wake_relay();
+    // The relay keeps trying for a while; nothing can go out.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!(status.pending, 5, "rows wait while the broker is away");
+    assert!(status.oldest_pending.is_some());
+    assert_eq!(broker.ready(&capture).await, 0);
+
+    proxy.up();
+    assert!(
+        wait_for(Duration::from_secs(40), || async {
+            broker.ready(&capture).await == 5
+        })
+        .await,
+        "published once the broker is back"
+    );
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+    assert_eq!(db.store.outbox_status().await.unwrap().pending, 0);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+async fn unroutable_row_is_marked_failed_not_published<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let relay = Relay::new(db.store.clone(), relay_config(&broker));
+    let publisher = Publisher::new(Arc::clone(&broker.connection));
+
+    let lost = event(1);
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &lost)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // No queue is bound for out.event yet.
+    assert_eq!(relay.run_once(&publisher).await.unwrap(), (1, false));
+    let stats = relay.stats();
+    assert_eq!((stats.published, stats.failed), (0, 1));
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!((status.pending, status.published), (0, 0));
+    assert_eq!(status.failed.len(), 1);
+    assert_eq!(status.failed[0].message_id, lost.meta().message_id);
+    assert!(
+        status.failed[0].last_error.contains("unroutable"),
+        "{:?}",
+        status.failed[0]
+    );
+    assert_eq!(
+        relay.run_once(&publisher).await.unwrap(),
+        (0, false),
+        "a failed row is not retried by itself"
+    );
+
+    // Once something listens, an operator re-queues it and it goes out.
+    let capture = broker.capture().await;
+    assert_eq!(db.store.retry_failed(&[]).await.unwrap(), 1);
+    assert_eq!(relay.run_once(&publisher).await.unwrap(), (1, false));
+    assert_eq!(broker.drain(&capture).await.len(), 1);
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!(
+        (status.pending, status.published, status.failed.len()),
+        (0, 1, 0)
+    );
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Two relays on one PostgreSQL outbox of 5000 rows: every row published, none
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_postgres_publish_each_row_once() {
+    const N: u32 = 5000;
+    let db = sqlx::Postgres::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let pool = db.store.pool().clone();
+    for chunk in 0..(N / 500) {
+        let mut tx = pool.begin().await.unwrap();
+        for n in 0..500 {
+            warren::outbox::enqueue::<sqlx::Postgres>(
+                &mut tx,
+                &broker.exchange,
+                "out.event",
+                &event(chunk * 500 + n),
+            )
+            .await
+            .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
+    let mut stops = Vec::new();
+    let mut tasks = Vec::new();
+    let mut relays = Vec::new();
+    for i in 0..2 {
+        let relay = Arc::new(Relay::new(
+            db.store.clone(),
+            RelayConfig::new(format!("{}-relay-{i}", broker.name)).with_batch_size(50),
+        ));
+        relays.push(Arc::clone(&relay));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push(stop);
+        tasks.push(tokio::spawn(async move {
+            let connection = Arc::new(warren::connect(&amqp_url(), "relay test").await.unwrap());
+            let publisher = Publisher::new(connection);
+            let mut stopped = stopped;
+            loop {
+                let (taken, trouble) = relay.run_once(&publisher).await.unwrap();
+                assert!(!trouble);
+                if taken == 0 && stopped.try_recv().is_ok() {
+                    break;
+                }
+                if taken == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    let store = db.store.clone();
+    assert!(
+        wait_for(Duration::from_secs(120), || {
+            let store = store.clone();
+            async move { store.outbox_status().await.unwrap().pending == 0 }
+        })
+        .await
+    );
+    for s in stops {
+        let _ = s.send(());
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (a, b) = (relays[0].stats(), relays[1].stats());
+    assert_eq!(a.published + b.published, u64::from(N), "a={a:?} b={b:?}");
+    assert!(
+        a.published > 0 && b.published > 0,
+        "both relays worked: a={a:?} b={b:?}"
+    );
+
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&capture).await == N
+        })
+        .await
+    );
+    let got = broker.drain(&capture).await;
+    let ids: HashSet<_> = got
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(got.len(), N as usize, "no row published twice");
+    assert_eq!(ids.len(), N as usize);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
