@@ -27,6 +27,7 @@
 //! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
 //! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
 //! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
+//! - `database_url`: which database a URL names, passwords redacted ([`DatabaseUrl`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
 //!
@@ -36,6 +37,7 @@
 
 mod broker;
 mod consumer;
+mod database_url;
 mod dead_letter;
 mod dlq;
 mod envelope;
@@ -57,6 +59,7 @@ pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_TIMEOUT,
 };
+pub use database_url::{DatabaseUrl, redact_url};
 pub use dead_letter::{
     DeadLetterInfo, HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR,
     HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,
@@ -74,7 +77,7 @@ pub use handler::{Handler, Message};
 pub use registry::Registry;
 pub use relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
-    Relay, RelayConfig, RelayStats, wake_relay,
+    Relay, RelayConfig, RelayStats, RelayStatsHandle, wake_relay,
 };
 pub use retry::{
     DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,

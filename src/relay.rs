@@ -91,6 +91,12 @@ impl RelayConfig {
         self
     }
 
+    /// Sets how often housekeeping runs.
+    pub fn with_housekeeping_interval(mut self, d: Duration) -> Self {
+        self.housekeeping_interval = d;
+        self
+    }
+
     /// Checks every setting; the error names it.
     pub fn validate(&self) -> Result<(), Error> {
         if self.batch_size == 0 {
@@ -114,6 +120,22 @@ pub struct RelayStats {
     pub failed: u64,
     /// Publish attempts left pending for the next pass (broker trouble).
     pub retried: u64,
+}
+
+/// A live view of a relay's counters; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RelayStatsHandle(Arc<Counters>);
+
+impl RelayStatsHandle {
+    /// The counters now.
+    pub fn snapshot(&self) -> RelayStats {
+        let c = &self.0;
+        RelayStats {
+            published: c.published.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            retried: c.retried.load(Ordering::Relaxed),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -142,12 +164,12 @@ impl<S: OutboxStore> Relay<S> {
 
     /// The counters now.
     pub fn stats(&self) -> RelayStats {
-        let c = &self.counters;
-        RelayStats {
-            published: c.published.load(Ordering::Relaxed),
-            failed: c.failed.load(Ordering::Relaxed),
-            retried: c.retried.load(Ordering::Relaxed),
-        }
+        self.stats_handle().snapshot()
+    }
+
+    /// A live view of the counters that outlives [`run`](Self::run).
+    pub fn stats_handle(&self) -> RelayStatsHandle {
+        RelayStatsHandle(Arc::clone(&self.counters))
     }
 
     /// Publishes one batch with `publisher` and records each row's outcome.
@@ -284,26 +306,26 @@ impl<S: OutboxStore> Relay<S> {
         Ok(())
     }
 
-    async fn housekeeping(&self) {
+    /// Deletes published rows older than the retention, in batches of 1000 so no
+    /// single statement holds locks for long. Returns how many were deleted.
+    pub async fn delete_expired(&self) -> Result<u64, StoreError> {
         let cutoff = Utc::now()
             - chrono::Duration::from_std(self.config.retention).unwrap_or(chrono::Duration::MAX);
         let mut deleted = 0;
         loop {
-            match self.store.delete_published_before(cutoff, 1000).await {
-                Ok(n) => {
-                    deleted += n;
-                    if n < 1000 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox housekeeping failed");
-                    break;
-                }
+            let n = self.store.delete_published_before(cutoff, 1000).await?;
+            deleted += n;
+            if n < 1000 {
+                return Ok(deleted);
             }
         }
-        if deleted > 0 {
-            tracing::info!(deleted, "deleted published outbox rows past retention");
+    }
+
+    async fn housekeeping(&self) {
+        match self.delete_expired().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "deleted published outbox rows past retention"),
+            Err(e) => tracing::warn!(error = %e, "outbox housekeeping failed"),
         }
     }
 

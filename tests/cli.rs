@@ -265,3 +265,54 @@ async fn topology_declare_creates_what_the_consumer_expects() {
     assert!(text(&bad).1.contains("max attempts"), "{}", text(&bad).1);
     broker.cleanup().await;
 }
+
+on_both_backends!(outbox_status_and_retry_failed);
+
+async fn outbox_status_and_retry_failed<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let event =
+        warren::Outgoing::new(crate::util::OUT_EVENT, 1, &serde_json::json!({"n": 1})).unwrap();
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "nobody.listens", &event)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let pending = warren(&["outbox", "--database-url", &db.url, "status"]).await;
+    let (out, err) = text(&pending);
+    assert!(pending.status.success(), "{err}");
+    assert!(out.contains("pending:   1"), "{out}");
+
+    let relay = warren::Relay::new(db.store.clone(), warren::RelayConfig::new("cli-test"));
+    let publisher = warren::Publisher::new(std::sync::Arc::clone(&broker.connection));
+    relay.run_once(&publisher).await.unwrap();
+
+    let failed = warren(&["outbox", "--database-url", &db.url, "status"]).await;
+    let (out, _) = text(&failed);
+    assert!(
+        out.contains("pending:   0") && out.contains("failed:    1"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&event.meta().message_id) && out.contains("unroutable"),
+        "{out}"
+    );
+
+    let retried = warren(&["outbox", "--database-url", &db.url, "retry-failed"]).await;
+    assert!(
+        text(&retried).0.contains("requeued 1 failed row(s)"),
+        "{}",
+        text(&retried).0
+    );
+    let again = warren(&["outbox", "--database-url", &db.url, "status"]).await;
+    assert!(
+        text(&again).0.contains("pending:   1"),
+        "{}",
+        text(&again).0
+    );
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}

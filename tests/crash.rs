@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use warren::{Consumer, QueueType};
+use warren::{Consumer, OutboxStore, QueueType, Relay, RelayConfig};
 
 use crate::util::{
-    Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, amqp_url, routes, test_config, wait_for,
+    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, routes, test_config,
+    wait_for,
 };
 
 const CHILD_ENV: &str = "WARREN_TEST_CHILD";
@@ -30,6 +31,8 @@ struct ChildSpec {
     queue: String,
     exchange: String,
     queue_type: String,
+    /// `consumer` or `relay`.
+    role: String,
 }
 
 /// The consumer process. Does nothing unless started by a crash test.
@@ -53,6 +56,22 @@ async fn child() {
 
 async fn run_child<B: Backend>(spec: ChildSpec) {
     let store = B::open(&spec.db_url).await;
+    if spec.role == "relay" {
+        let relay = Relay::new(
+            store,
+            RelayConfig::new(&spec.name).with_poll_interval(Duration::from_millis(200)),
+        );
+        let stats = relay.stats_handle();
+        relay
+            .run(&amqp_url(), warren::shutdown_signal())
+            .await
+            .unwrap();
+        #[allow(clippy::print_stdout)]
+        {
+            println!("CHILD_STATS published={}", stats.snapshot().published);
+        }
+        return;
+    }
     let config = test_config(&spec.name, &spec.queue, &spec.exchange)
         .with_queue_type(spec.queue_type.parse().unwrap());
     let consumer = Consumer::new(config, store, routes::<B>());
@@ -87,8 +106,27 @@ fn spawn_on<B: Backend>(
     failpoints: Option<&str>,
     queue_type: QueueType,
 ) -> ChildProcess {
+    spawn_spec::<B>(db_url, broker, failpoints, queue_type, "consumer")
+}
+
+fn spawn_relay<B: Backend>(
+    db_url: &str,
+    broker: &TestBroker,
+    failpoints: Option<&str>,
+) -> ChildProcess {
+    spawn_spec::<B>(db_url, broker, failpoints, QueueType::Quorum, "relay")
+}
+
+fn spawn_spec<B: Backend>(
+    db_url: &str,
+    broker: &TestBroker,
+    failpoints: Option<&str>,
+    queue_type: QueueType,
+    role: &str,
+) -> ChildProcess {
     let spec = ChildSpec {
         queue_type: queue_type.as_str().into(),
+        role: role.into(),
         backend: <B as Backend>::NAME.into(),
         db_url: db_url.into(),
         name: broker.name.clone(),
@@ -191,7 +229,76 @@ on_both_backends!(
     crash_before_commit,
     crash_loop_on_quorum_queue_ends_as_poison,
     crash_loop_on_classic_queue_ends_as_poison,
+    relay_crash_after_publish_before_mark_publishes_again_and_downstream_applies_once,
 );
+
+/// The relay publishes a row, the broker confirms, and the relay dies before
+/// marking it. The restarted relay publishes it again with the same message id;
+/// a downstream warren consumer applies it once.
+async fn relay_crash_after_publish_before_mark_publishes_again_and_downstream_applies_once<
+    B: Backend,
+>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let event =
+        warren::Outgoing::new(crate::util::OUT_EVENT, 1, &serde_json::json!({"n": 1})).unwrap();
+    let id = event.meta().message_id.clone();
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    spawn_relay::<B>(&db.url, &broker, Some("relay-after-publish-before-mark=1"))
+        .wait_for_abort()
+        .await;
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!(
+        (status.pending, status.published),
+        (1, 0),
+        "published but not marked"
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&capture).await == 1
+        })
+        .await
+    );
+
+    let restarted = spawn_relay::<B>(&db.url, &broker, None);
+    let store = db.store.clone();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let store = store.clone();
+            async move { store.outbox_status().await.unwrap().published == 1 }
+        })
+        .await
+    );
+    let stats = restarted.terminate().await;
+    assert!(stats.contains("published=1"), "{stats}");
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&capture).await == 2
+        })
+        .await
+    );
+
+    let downstream = Running::start(Consumer::new(
+        broker.downstream_config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(downstream.settled(2, Duration::from_secs(30)).await);
+    let s = downstream.stats.snapshot();
+    downstream.stop().await.unwrap();
+    assert_eq!((s.applied, s.duplicates), (1, 1), "{s:?}");
+    assert_eq!(db.effects_for(&id).await, 1, "applied once downstream");
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 async fn crash_loop_on_quorum_queue_ends_as_poison<B: Backend>() {
     crash_loop_ends_as_poison::<B>(QueueType::Quorum).await;

@@ -5,18 +5,57 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use warren::{Consumer, OutboxStore, Outgoing, Publisher, Relay, RelayConfig, Store};
+use warren::{Consumer, OutboxStore, Outgoing, Publisher, Relay, RelayConfig};
 
-use crate::util::{
-    Backend, Job, Mode, OUT_EVENT, Proxy, Running, TestBroker, amqp_url, routes, wait_for,
-};
+use crate::util::{Backend, Job, Mode, OUT_EVENT, Proxy, TestBroker, amqp_url, routes, wait_for};
 
 on_both_backends!(
     row_is_invisible_until_its_transaction_commits,
     handler_outbox_rows_follow_the_transaction,
     broker_down_rows_wait_and_are_published_after,
     unroutable_row_is_marked_failed_not_published,
+    housekeeping_deletes_published_rows_past_retention_only,
 );
+
+async fn housekeeping_deletes_published_rows_past_retention_only<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    broker.capture().await;
+    let publisher = Publisher::new(Arc::clone(&broker.connection));
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    for n in 0..3 {
+        warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(n))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let keep = Relay::new(db.store.clone(), relay_config(&broker));
+    keep.run_once(&publisher).await.unwrap();
+    // One more row, left pending: housekeeping must never touch it.
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(9))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!(
+        keep.delete_expired().await.unwrap(),
+        0,
+        "7 days have not passed"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let short = Relay::new(
+        db.store.clone(),
+        relay_config(&broker).with_retention(Duration::from_millis(10)),
+    );
+    assert_eq!(short.delete_expired().await.unwrap(), 3);
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!((status.pending, status.published), (1, 0));
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 fn relay_config(broker: &TestBroker) -> RelayConfig {
     RelayConfig::new(format!("{}-relay", broker.name))

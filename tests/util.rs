@@ -467,15 +467,12 @@ impl TestBroker {
     /// Declares a queue bound to the test exchange with `out.#`, where outbox events
     /// land, and returns its name.
     pub async fn capture(&self) -> String {
-        let name = format!("{}.capture", self.queue);
-        let config = ConsumerConfig::new(format!("{}-downstream", self.name), &name)
-            .bind(&self.exchange, ["out.#"])
-            .with_retry(RetryPolicy::new(TEST_TIERS));
+        let config = self.downstream_config();
         for q in warren::Topology::for_consumer(&config).queue_names() {
             self.track_queue(q);
         }
         self.declare_config(&config).await;
-        name
+        config.queue
     }
 
     /// The configuration of a downstream consumer of the capture queue.

@@ -1,5 +1,5 @@
-//! `warren`: the operator's tool. Declares and shows a consumer's topology, and
-//! lists, shows, replays and purges its dead letters.
+//! `warren`: the operator's tool. Declares and shows a consumer's topology; lists,
+//! shows, replays and purges its dead letters; shows and mends its outbox.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // printing is this program's job
 
 use std::process::ExitCode;
@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use warren::lapin;
 use warren::{
-    ConsumerConfig, DEFAULT_POISON_LIMIT, DeadLetter, DeadLetterQueue, QueueType, RetryPolicy,
-    Selection, Topology,
+    ConsumerConfig, DEFAULT_POISON_LIMIT, DatabaseUrl, DeadLetter, DeadLetterQueue, OutboxStore,
+    PgStore, QueueType, RetryPolicy, Selection, SqliteStore, Topology,
 };
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -34,6 +34,30 @@ enum Command {
     /// A consumer's dead-letter queue (`QUEUE.dead-letter`).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// The transactional outbox in a database.
+    Outbox {
+        /// postgres://... or sqlite://PATH. The password is never printed.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = parse_database_url)]
+        database_url: DatabaseUrl,
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// Pending rows, the oldest pending row's age, published rows, failed rows.
+    Status,
+    /// Put failed rows back in line for the relay (all, or those given with --id).
+    RetryFailed {
+        /// Outbox row id (repeat for several); all failed rows when absent.
+        #[arg(long = "id")]
+        ids: Vec<i64>,
+    },
+}
+
+fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
+    s.parse()
 }
 
 #[derive(Subcommand)]
@@ -302,6 +326,69 @@ async fn run(cli: Cli) -> Result<(), String> {
             let connection = connect().await?;
             run_dlq(cmd, &connection).await?;
             let _ = connection.close(200, "done".into()).await;
+        }
+        Command::Outbox {
+            database_url,
+            command,
+        } => {
+            let fail = |e: warren::StoreError| format!("{}: {e}", database_url.redacted());
+            match &database_url {
+                DatabaseUrl::Postgres(url) => {
+                    let store = PgStore::connect(url, 2).await.map_err(fail)?;
+                    run_outbox(&store, command).await.map_err(fail)?;
+                }
+                DatabaseUrl::Sqlite(url) => {
+                    let path = url
+                        .trim_start_matches("sqlite://")
+                        .trim_start_matches("sqlite:");
+                    if !std::path::Path::new(path).exists() {
+                        return Err(format!("no database at {path}"));
+                    }
+                    let store = SqliteStore::connect(url).await.map_err(fail)?;
+                    run_outbox(&store, command).await.map_err(fail)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn run_outbox<S: OutboxStore>(
+    store: &S,
+    cmd: OutboxCommand,
+) -> Result<(), warren::StoreError> {
+    match cmd {
+        OutboxCommand::Status => {
+            let status = store.outbox_status().await?;
+            println!("pending:   {}", status.pending);
+            println!(
+                "oldest:    {}",
+                match status.oldest_pending {
+                    Some(t) => format!(
+                        "{} ({:.1} s ago)",
+                        t.format("%Y-%m-%d %H:%M:%S"),
+                        status.oldest_pending_age_seconds(chrono::Utc::now())
+                    ),
+                    None => "-".into(),
+                }
+            );
+            println!("published: {} (kept until retention)", status.published);
+            println!("failed:    {}", status.failed.len());
+            for f in &status.failed {
+                println!(
+                    "  row {} message {} to {:?} with {:?} after {} attempt(s): {}",
+                    f.id,
+                    f.message_id,
+                    f.exchange,
+                    f.routing_key,
+                    f.attempts,
+                    one_line(&f.last_error, 200)
+                );
+            }
+        }
+        OutboxCommand::RetryFailed { ids } => {
+            let n = store.retry_failed(&ids).await?;
+            println!("requeued {n} failed row(s)");
         }
     }
     Ok(())

@@ -208,7 +208,7 @@ impl Store for SqliteStore {
 /// The text form of times in warren's SQLite tables, which compares correctly as
 /// a string.
 fn sqlite_time(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%.3fZ").to_string()
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
 fn parse_sqlite_time(s: &str) -> Option<DateTime<Utc>> {
