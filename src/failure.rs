@@ -125,6 +125,14 @@ impl From<sqlx::Error> for HandlerError {
     }
 }
 
+/// A store error inside a handler (writing to the outbox, say) is transient, for
+/// the same reasons as [`sqlx::Error`].
+impl From<crate::store::StoreError> for HandlerError {
+    fn from(e: crate::store::StoreError) -> Self {
+        HandlerError::transient(e)
+    }
+}
+
 /// Why a message was moved to the dead-letter queue; sent as the `x-warren-reason`
 /// header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
