@@ -169,6 +169,63 @@ pub async fn declare(channel: &Channel, topology: &Topology) -> Result<(), Broke
     Ok(())
 }
 
+/// Depth and consumers of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// Messages ready for delivery (not counting unacknowledged ones).
+    pub ready: u32,
+    /// Consumers subscribed.
+    pub consumers: u32,
+}
+
+/// Reads a queue's depth and consumer count with a passive declare, on a channel
+/// of its own (a passive declare of a missing queue closes its channel).
+pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<QueueInfo, BrokerError> {
+    let channel = connection.create_channel().await?;
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    if channel.status().connected() {
+        let _ = channel.close(200, "inspected".into()).await;
+    }
+    let q = q?;
+    Ok(QueueInfo {
+        ready: q.message_count(),
+        consumers: q.consumer_count(),
+    })
+}
+
+/// Deletes the queues and exchanges of `topology` (for tests, demos and
+/// teardown). Missing ones are skipped.
+pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), BrokerError> {
+    for q in &topology.queues {
+        let channel = connection.create_channel().await?;
+        let _ = channel
+            .queue_delete(q.name.as_str().into(), lapin::options::QueueDeleteOptions::default())
+            .await;
+        if channel.status().connected() {
+            let _ = channel.close(200, "deleted".into()).await;
+        }
+    }
+    for e in &topology.exchanges {
+        let channel = connection.create_channel().await?;
+        let _ = channel
+            .exchange_delete(e.name.as_str().into(), lapin::options::ExchangeDeleteOptions::default())
+            .await;
+        if channel.status().connected() {
+            let _ = channel.close(200, "deleted".into()).await;
+        }
+    }
+    Ok(())
+}
+
 /// Publishes with publisher confirms and `mandatory`, one channel shared by all
 /// callers. A publish returns only after the broker has taken responsibility for
 /// the message, so the caller may then ack or mark what it published.

@@ -303,6 +303,7 @@ impl<S: Store> Consumer<S> {
             "consuming"
         );
 
+        self.inner.telemetry.set_consuming(true);
         let permits = Arc::new(Semaphore::new(config.concurrency));
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -352,6 +353,7 @@ impl<S: Store> Consumer<S> {
         // Draining: stop the flow first, so nothing new arrives while in-flight work
         // finishes. Deliveries already buffered but not started stay unacked and
         // return to the queue when the channel closes.
+        self.inner.telemetry.set_consuming(false);
         tracing::info!(in_flight = in_flight.len(), "draining");
         if channel.status().connected() {
             let _ = channel

@@ -28,6 +28,7 @@
 //! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
 //! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
 //! - `database_url`: which database a URL names, passwords redacted ([`DatabaseUrl`]).
+//! - `idempotency`: stable keys for external calls ([`idempotency_key`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
 //!
@@ -45,6 +46,7 @@ mod error;
 pub mod failpoint;
 mod failure;
 mod handler;
+mod idempotency;
 pub mod outbox;
 mod registry;
 mod relay;
@@ -54,7 +56,10 @@ mod store;
 mod telemetry;
 mod topology;
 
-pub use broker::{BatchItem, BrokerError, CONFIRM_TIMEOUT, Publisher, connect, declare};
+pub use broker::{
+    BatchItem, BrokerError, CONFIRM_TIMEOUT, Publisher, QueueInfo, connect, declare, delete,
+    inspect_queue,
+};
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -74,6 +79,7 @@ pub use envelope::{
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
 pub use handler::{Handler, Message};
+pub use idempotency::idempotency_key;
 pub use registry::Registry;
 pub use relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,

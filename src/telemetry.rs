@@ -64,6 +64,7 @@ pub struct ConsumerStats {
 
 #[derive(Debug, Default)]
 struct Counters {
+    consuming: std::sync::atomic::AtomicBool,
     applied: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
@@ -78,6 +79,12 @@ struct Counters {
 pub struct StatsHandle(Arc<Counters>);
 
 impl StatsHandle {
+    /// True while the consumer is subscribed and taking deliveries (not starting,
+    /// not draining, not stopped): what a readiness probe should report.
+    pub fn is_consuming(&self) -> bool {
+        self.0.consuming.load(Ordering::Relaxed)
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> ConsumerStats {
         let c = &self.0;
@@ -131,6 +138,10 @@ impl Telemetry {
             ("consumer", self.consumer.to_string()),
             ("queue", self.queue.to_string()),
         ]
+    }
+
+    pub(crate) fn set_consuming(&self, consuming: bool) {
+        self.stats.0.consuming.store(consuming, Ordering::Relaxed);
     }
 
     pub(crate) fn in_flight(&self, delta: f64) {

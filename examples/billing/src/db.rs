@@ -1,0 +1,254 @@
+//! billing's own tables, in both dialects: `invoices` (naturally idempotent upsert)
+//! and `loyalty_points` (one row per credit: only the inbox keeps it from
+//! doubling).
+
+use std::future::Future;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Pool, Postgres, Sqlite};
+use warren::{DatabaseUrl, OutboxStore, PgStore, SqliteStore, Store, StoreError, Tx};
+
+/// A payment to record, validated.
+#[derive(Debug, Clone)]
+pub struct Payment {
+    pub invoice_id: String,
+    pub customer_id: String,
+    /// The amount as the producer wrote it (decimal text).
+    pub amount: String,
+    pub points: i64,
+    pub currency: String,
+    pub paid_at: DateTime<Utc>,
+    pub payment_method: Option<String>,
+    /// The key a payment provider would have been given for this payment.
+    pub payment_reference: String,
+}
+
+/// What `billing status` and the demo count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub invoices_paid: i64,
+    pub loyalty_rows: i64,
+    pub loyalty_sum: i64,
+    pub inbox_rows: i64,
+}
+
+/// A database billing runs on.
+pub trait BillingDb: warren::Dialect {
+    type S: OutboxStore + Store<Db = Self>;
+
+    /// Creates billing's tables if missing (warren's are migrated by warren).
+    fn create_tables(store: &Self::S) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Upserts the invoice as paid and credits the loyalty points.
+    fn record_payment<'a>(
+        tx: &'a mut Tx<Self>,
+        payment: &'a Payment,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Counts for reports.
+    fn counts<'a>(
+        store: &'a Self::S,
+        consumer: &'a str,
+    ) -> impl Future<Output = Result<Counts, StoreError>> + Send + 'a;
+
+    /// The store's pool.
+    fn pool(store: &Self::S) -> &Pool<Self>;
+}
+
+/// Opens the database a URL names: PostgreSQL (optionally in `schema`) or SQLite.
+pub enum Database {
+    Postgres(PgStore),
+    Sqlite(SqliteStore),
+}
+
+impl Database {
+    pub async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Self, StoreError> {
+        match url {
+            DatabaseUrl::Postgres(u) => {
+                let mut options = PgConnectOptions::from_str(u).map_err(|e| {
+                    StoreError::Config(format!("{}: {e}", url.redacted()))
+                })?;
+                if let Some(schema) = schema {
+                    options = options.options([("search_path", schema)]);
+                }
+                Ok(Database::Postgres(PgStore::connect_with(options, pool).await?))
+            }
+            DatabaseUrl::Sqlite(u) => Ok(Database::Sqlite(SqliteStore::connect(u).await?)),
+        }
+    }
+}
+
+const SQLITE_TABLES: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS invoices (
+        invoice_id        TEXT PRIMARY KEY,
+        customer_id       TEXT NOT NULL,
+        amount            TEXT NOT NULL,
+        currency          TEXT NOT NULL,
+        status            TEXT NOT NULL,
+        paid_at           TEXT NOT NULL,
+        payment_method    TEXT NULL,
+        payment_reference TEXT NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS loyalty_points (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        customer_id TEXT    NOT NULL,
+        points      INTEGER NOT NULL,
+        message_id  TEXT    NOT NULL
+    )",
+];
+
+const PG_TABLES: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS invoices (
+        invoice_id        TEXT        PRIMARY KEY,
+        customer_id       TEXT        NOT NULL,
+        amount            NUMERIC     NOT NULL,
+        currency          TEXT        NOT NULL,
+        status            TEXT        NOT NULL,
+        paid_at           TIMESTAMPTZ NOT NULL,
+        payment_method    TEXT        NULL,
+        payment_reference TEXT        NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS loyalty_points (
+        id          BIGSERIAL PRIMARY KEY,
+        customer_id TEXT      NOT NULL,
+        points      BIGINT    NOT NULL,
+        message_id  TEXT      NOT NULL
+    )",
+];
+
+impl BillingDb for Postgres {
+    type S = PgStore;
+
+    async fn create_tables(store: &PgStore) -> Result<(), StoreError> {
+        let mut tx = store.pool().begin().await?;
+        // Two instances starting together must not race on CREATE TABLE.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.billing'))")
+            .execute(&mut *tx)
+            .await?;
+        for sql in PG_TABLES {
+            sqlx::query(sql).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn record_payment<'a>(
+        tx: &'a mut Tx<Postgres>,
+        p: &'a Payment,
+        message_id: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO invoices (invoice_id, customer_id, amount, currency, status, paid_at,
+                                   payment_method, payment_reference)
+             VALUES ($1, $2, $3::numeric, $4, 'paid', $5, $6, $7)
+             ON CONFLICT (invoice_id) DO UPDATE SET status = 'paid'",
+        )
+        .bind(&p.invoice_id)
+        .bind(&p.customer_id)
+        .bind(&p.amount)
+        .bind(&p.currency)
+        .bind(p.paid_at)
+        .bind(&p.payment_method)
+        .bind(&p.payment_reference)
+        .execute(tx.conn())
+        .await?;
+        sqlx::query("INSERT INTO loyalty_points (customer_id, points, message_id) VALUES ($1, $2, $3)")
+            .bind(&p.customer_id)
+            .bind(p.points)
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn counts<'a>(store: &'a PgStore, consumer: &'a str) -> Result<Counts, StoreError> {
+        let (invoices_paid, loyalty_rows, loyalty_sum, inbox_rows): (i64, i64, i64, i64) =
+            sqlx::query_as(
+                "SELECT
+                    (SELECT count(*) FROM invoices WHERE status = 'paid'),
+                    (SELECT count(*) FROM loyalty_points),
+                    (SELECT coalesce(sum(points), 0)::BIGINT FROM loyalty_points),
+                    (SELECT count(*) FROM warren_inbox WHERE consumer_name = $1)",
+            )
+            .bind(consumer)
+            .fetch_one(store.pool())
+            .await?;
+        Ok(Counts {
+            invoices_paid,
+            loyalty_rows,
+            loyalty_sum,
+            inbox_rows,
+        })
+    }
+
+    fn pool(store: &PgStore) -> &Pool<Postgres> {
+        store.pool()
+    }
+}
+
+impl BillingDb for Sqlite {
+    type S = SqliteStore;
+
+    async fn create_tables(store: &SqliteStore) -> Result<(), StoreError> {
+        for sql in SQLITE_TABLES {
+            sqlx::query(sql).execute(store.pool()).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_payment<'a>(
+        tx: &'a mut Tx<Sqlite>,
+        p: &'a Payment,
+        message_id: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO invoices (invoice_id, customer_id, amount, currency, status, paid_at,
+                                   payment_method, payment_reference)
+             VALUES (?, ?, ?, ?, 'paid', ?, ?, ?)
+             ON CONFLICT (invoice_id) DO UPDATE SET status = 'paid'",
+        )
+        .bind(&p.invoice_id)
+        .bind(&p.customer_id)
+        .bind(&p.amount)
+        .bind(&p.currency)
+        .bind(p.paid_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .bind(&p.payment_method)
+        .bind(&p.payment_reference)
+        .execute(tx.conn())
+        .await?;
+        sqlx::query("INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)")
+            .bind(&p.customer_id)
+            .bind(p.points)
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn counts<'a>(store: &'a SqliteStore, consumer: &'a str) -> Result<Counts, StoreError> {
+        let (invoices_paid, loyalty_rows, loyalty_sum, inbox_rows): (i64, i64, i64, i64) =
+            sqlx::query_as(
+                "SELECT
+                    (SELECT count(*) FROM invoices WHERE status = 'paid'),
+                    (SELECT count(*) FROM loyalty_points),
+                    (SELECT coalesce(sum(points), 0) FROM loyalty_points),
+                    (SELECT count(*) FROM warren_inbox WHERE consumer_name = ?)",
+            )
+            .bind(consumer)
+            .fetch_one(store.pool())
+            .await?;
+        Ok(Counts {
+            invoices_paid,
+            loyalty_rows,
+            loyalty_sum,
+            inbox_rows,
+        })
+    }
+
+    fn pool(store: &SqliteStore) -> &Pool<Sqlite> {
+        store.pool()
+    }
+}

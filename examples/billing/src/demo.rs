@@ -1,0 +1,226 @@
+//! `billing demo`: a fresh run of the whole story, ending in a table that proves
+//! the outcome.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use warren::{OutboxStore, QueueType, RelayConfig, RetryPolicy};
+
+use crate::db::BillingDb;
+use crate::service::{self, Names, Settings};
+use crate::status::{self, Report};
+use crate::stream::{self, Expected, StreamSpec};
+
+/// How long the demo waits for everything to settle.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// The demo's retry tiers: short, so flaky messages finish in about a second.
+pub fn demo_settings(prefetch: u16, concurrency: usize) -> Settings {
+    Settings {
+        prefetch,
+        concurrency,
+        retry: RetryPolicy::new([
+            Duration::from_millis(200),
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+        ]),
+        queue_type: QueueType::Quorum,
+    }
+}
+
+/// One line of the closing table.
+struct Check {
+    ok: bool,
+    text: String,
+}
+
+fn check(ok: bool, text: String) -> Check {
+    Check { ok, text }
+}
+
+/// Runs the demo on `store`; returns whether every check passed.
+#[allow(clippy::print_stdout)]
+pub async fn run<B: BillingDb>(
+    store: B::S,
+    amqp_url: &str,
+    names: &Names,
+    settings: &Settings,
+    spec: &StreamSpec,
+) -> Result<bool, String> {
+    let started = Instant::now();
+    println!("warren demo: billing on prefix {:?}", names.prefix);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let relay = RelayConfig::new("billing").with_poll_interval(Duration::from_millis(200));
+    let running = service::start::<B>(store.clone(), amqp_url, names, settings, relay, stop_rx).await?;
+    let connection = Arc::new(
+        warren::connect(amqp_url, "billing demo")
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+
+    let plan = stream::plan(spec);
+    let e = plan.expected.clone();
+    println!(
+        "publishing {} deliveries: {} invoices ({} v1, {} v2, {} from flaky customers), {} duplicate copies, {} poison",
+        e.published,
+        e.valid,
+        e.valid - e.v2,
+        e.v2,
+        e.flaky,
+        e.duplicates,
+        e.poison.values().sum::<usize>()
+    );
+    stream::publish(Arc::clone(&connection), &names.exchange(), &plan).await?;
+
+    let bar = if std::io::stdout().is_terminal() {
+        let bar = indicatif::ProgressBar::new(e.published as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{bar:40}] {pos}/{len} settled  {msg}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+    let mut last_line = Instant::now();
+    let settled = loop {
+        let s = running.stats.snapshot();
+        let done = s.applied + s.duplicates + s.dead_lettered;
+        let pending = store.outbox_status().await.map(|o| o.pending).unwrap_or(-1);
+        let msg = format!(
+            "applied {} · duplicates {} · retried {} · dead-lettered {} · outbox pending {}",
+            s.applied, s.duplicates, s.retried, s.dead_lettered, pending
+        );
+        match &bar {
+            Some(bar) => {
+                bar.set_position(done);
+                bar.set_message(msg.clone());
+            }
+            None if last_line.elapsed() >= Duration::from_secs(1) => {
+                println!("{done}/{} settled: {msg}", e.published);
+                last_line = Instant::now();
+            }
+            None => {}
+        }
+        if done >= e.published as u64 && pending == 0 {
+            break true;
+        }
+        if started.elapsed() > DEADLINE {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let stats = running.stats.snapshot();
+    let _ = stop_tx.send(true);
+    match running.task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => return Err(format!("the consumer stopped with an error: {err}")),
+        Err(err) => return Err(format!("the consumer task failed: {err}")),
+    }
+    let report = status::gather::<B>(&store, &connection, names).await?;
+    let checks = checks(&e, &report, &stats, settled);
+    print_table(&e, &report, &stats);
+    println!();
+    for c in &checks {
+        println!("  [{}] {}", if c.ok { "PASS" } else { "FAIL" }, c.text);
+    }
+    let passed = checks.iter().all(|c| c.ok);
+    println!(
+        "\n{} in {:.1} s",
+        if passed { "all checks passed" } else { "SOME CHECKS FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    let _ = connection.close(200, "demo done".into()).await;
+    Ok(passed)
+}
+
+#[allow(clippy::print_stdout)]
+fn print_table(e: &Expected, r: &Report, s: &warren::ConsumerStats) {
+    let rows: Vec<(&str, String)> = vec![
+        ("published (deliveries)", e.published.to_string()),
+        ("unique messages", e.unique.to_string()),
+        ("applied", r.counts.inbox_rows.to_string()),
+        ("duplicates skipped", s.duplicates.to_string()),
+        (
+            "retried",
+            format!("{} (flaky customers: {} messages)", s.retried, e.flaky),
+        ),
+        ("dead-lettered", r.dead_lettered().to_string()),
+    ];
+    println!();
+    println!("  {:<28} {}", "what", "count");
+    println!("  {:<28} {}", "-".repeat(28), "-".repeat(12));
+    for (k, v) in rows {
+        println!("  {k:<28} {v}");
+    }
+    for (reason, n) in &r.dead_letters {
+        println!("    {reason:<26} {n}");
+    }
+    println!("  {:<28} {}", "outbox events published", r.outbox.published);
+    println!("  {:<28} {}", "loyalty rows", r.counts.loyalty_rows);
+    println!("  {:<28} {}", "loyalty points", r.counts.loyalty_sum);
+}
+
+fn checks(e: &Expected, r: &Report, s: &warren::ConsumerStats, settled: bool) -> Vec<Check> {
+    let c = &r.counts;
+    let applied = c.inbox_rows as usize;
+    vec![
+        check(
+            settled,
+            format!("every delivery settled within {} s", DEADLINE.as_secs()),
+        ),
+        check(
+            applied == e.valid && c.invoices_paid as usize == e.valid,
+            format!("applied: {applied} of {} valid messages, once each", e.valid),
+        ),
+        check(
+            c.loyalty_rows as usize == e.valid && c.loyalty_sum == e.loyalty_sum,
+            format!(
+                "loyalty points = exactly one credit per unique valid message: {} rows, {} points (expected {} rows, {} points)",
+                c.loyalty_rows, c.loyalty_sum, e.valid, e.loyalty_sum
+            ),
+        ),
+        check(
+            s.duplicates as usize == e.duplicates && e.duplicates > 0,
+            format!("duplicates skipped: {} of {} copies", s.duplicates, e.duplicates),
+        ),
+        check(
+            s.retried as usize == 2 * e.flaky && e.flaky > 0,
+            format!(
+                "flaky messages retried until they succeeded: {} retries for {} messages",
+                s.retried, e.flaky
+            ),
+        ),
+        check(
+            r.dead_letters == e.poison,
+            format!("poison dead-lettered with reasons: {:?}", r.dead_letters),
+        ),
+        check(
+            applied + r.dead_lettered() == e.unique,
+            format!(
+                "every message accounted for: applied + dead-lettered = unique ({applied} + {} = {})",
+                r.dead_lettered(),
+                e.unique
+            ),
+        ),
+        check(
+            r.outbox.published as usize == applied
+                && r.outbox.pending == 0
+                && r.outbox.failed.is_empty()
+                && r.recorded_queued as usize == applied,
+            format!(
+                "one outbox event per applied message, all published: {} published, {} delivered downstream",
+                r.outbox.published, r.recorded_queued
+            ),
+        ),
+        check(r.queued == 0, format!("nothing left in the queue ({} ready)", r.queued)),
+    ]
+}

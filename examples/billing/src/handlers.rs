@@ -1,0 +1,211 @@
+//! The invoice-paid handlers (schema versions 1 and 2) and billing's business
+//! rules.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use warren::{Handler, HandlerError, Message, Metadata, Outgoing, Registry, Tx};
+
+use crate::db::{BillingDb, Payment};
+
+/// The consumer name: billing's deduplication boundary.
+pub const CONSUMER: &str = "billing";
+/// Incoming event types.
+pub const PAID_V1: &str = "billing.invoice-paid.v1";
+pub const PAID_V2: &str = "billing.invoice-paid.v2";
+/// The event billing emits through its outbox.
+pub const RECORDED: &str = "billing.invoice-payment-recorded.v1";
+
+/// ISO 4217 codes billing accepts; anything else is a producer defect.
+pub const CURRENCIES: &[&str] = &[
+    "AED", "AUD", "BRL", "CAD", "CHF", "CNY", "CZK", "DKK", "EUR", "GBP", "HKD", "HUF", "IDR",
+    "ILS", "INR", "JPY", "KRW", "MXN", "MYR", "NOK", "NZD", "PHP", "PLN", "SAR", "SEK", "SGD",
+    "THB", "TRY", "TWD", "USD", "ZAR",
+];
+
+/// `billing.invoice-paid.v1`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InvoicePaidV1 {
+    pub invoice_id: String,
+    pub customer_id: String,
+    pub amount: serde_json::Number,
+    pub currency: String,
+}
+
+/// `billing.invoice-paid.v2`: v1 plus how and when it was paid.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InvoicePaidV2 {
+    pub invoice_id: String,
+    pub customer_id: String,
+    pub amount: serde_json::Number,
+    pub currency: String,
+    pub payment_method: String,
+    pub paid_at_utc: DateTime<Utc>,
+}
+
+/// `billing.invoice-payment-recorded.v1`, written to the outbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentRecorded {
+    pub invoice_id: String,
+    pub customer_id: String,
+    pub amount: String,
+    pub currency: String,
+    pub loyalty_points: i64,
+    pub payment_reference: String,
+}
+
+/// Validates a payment against billing's rules. A violation is permanent: no retry
+/// can make a negative amount positive.
+fn payment(
+    meta: &Metadata,
+    invoice_id: &str,
+    customer_id: &str,
+    amount: &serde_json::Number,
+    currency: &str,
+    paid_at: DateTime<Utc>,
+    payment_method: Option<&str>,
+) -> Result<Payment, HandlerError> {
+    let value = amount
+        .as_f64()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| HandlerError::permanent(format!("amount {amount} is not a number")))?;
+    if value < 0.0 {
+        return Err(HandlerError::permanent(format!(
+            "amount {amount} is negative"
+        )));
+    }
+    if !CURRENCIES.contains(&currency) {
+        return Err(HandlerError::permanent(format!(
+            "currency {currency:?} is not supported"
+        )));
+    }
+    Ok(Payment {
+        invoice_id: invoice_id.to_owned(),
+        customer_id: customer_id.to_owned(),
+        amount: amount.to_string(),
+        points: value.floor() as i64,
+        currency: currency.to_owned(),
+        paid_at,
+        payment_method: payment_method.map(str::to_owned),
+        // The key a payment provider would get for this step; the same on every
+        // redelivery, so a retried provider call is recognized as the same call.
+        payment_reference: warren::idempotency_key(CONSUMER, &meta.message_id, "record-payment"),
+    })
+}
+
+/// Records a validated payment: invoice, loyalty credit and outgoing event, in the
+/// transaction the inbox claim is in.
+async fn record<B: BillingDb>(
+    exchange: &str,
+    payment: Payment,
+    meta: &Metadata,
+    attempt: u32,
+    tx: &mut Tx<B>,
+) -> Result<(), HandlerError> {
+    if payment.customer_id.starts_with("cus_flaky") && attempt <= 2 {
+        // A stand-in for a dependency timing out: fails on the first two attempts.
+        return Err(HandlerError::transient(format!(
+            "payment provider timed out (simulated, attempt {attempt})"
+        )));
+    }
+    B::record_payment(tx, &payment, &meta.message_id).await?;
+    let event = Outgoing::new(
+        RECORDED,
+        1,
+        &PaymentRecorded {
+            invoice_id: payment.invoice_id.clone(),
+            customer_id: payment.customer_id.clone(),
+            amount: payment.amount.clone(),
+            currency: payment.currency.clone(),
+            loyalty_points: payment.points,
+            payment_reference: payment.payment_reference.clone(),
+        },
+    )
+    .map_err(HandlerError::permanent)?;
+    tx.publish(exchange, RECORDED, event).await?;
+    Ok(())
+}
+
+/// The v1 handler. A struct, not a plain `async fn`, because it carries the
+/// exchange its outgoing events go to.
+pub struct PaidV1<B> {
+    exchange: Arc<str>,
+    _db: PhantomData<fn() -> B>,
+}
+
+/// The v2 handler.
+pub struct PaidV2<B> {
+    exchange: Arc<str>,
+    _db: PhantomData<fn() -> B>,
+}
+
+impl<'a, B: BillingDb> Handler<'a, InvoicePaidV1, B> for PaidV1<B> {
+    type Future = BoxFuture<'a, Result<(), HandlerError>>;
+
+    fn call(&self, msg: Message<InvoicePaidV1>, tx: &'a mut Tx<B>) -> Self::Future {
+        let exchange = Arc::clone(&self.exchange);
+        Box::pin(async move {
+            let p = &msg.payload;
+            // v1 carries no payment time: the event's own time stands in.
+            let payment = payment(
+                &msg.meta,
+                &p.invoice_id,
+                &p.customer_id,
+                &p.amount,
+                &p.currency,
+                msg.meta.occurred_at,
+                None,
+            )?;
+            record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
+        })
+    }
+}
+
+impl<'a, B: BillingDb> Handler<'a, InvoicePaidV2, B> for PaidV2<B> {
+    type Future = BoxFuture<'a, Result<(), HandlerError>>;
+
+    fn call(&self, msg: Message<InvoicePaidV2>, tx: &'a mut Tx<B>) -> Self::Future {
+        let exchange = Arc::clone(&self.exchange);
+        Box::pin(async move {
+            let p = &msg.payload;
+            let payment = payment(
+                &msg.meta,
+                &p.invoice_id,
+                &p.customer_id,
+                &p.amount,
+                &p.currency,
+                p.paid_at_utc,
+                Some(&p.payment_method),
+            )?;
+            record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
+        })
+    }
+}
+
+/// billing's routing table: both schema versions side by side.
+pub fn routes<B: BillingDb>(exchange: &str) -> Registry<B> {
+    let exchange: Arc<str> = exchange.into();
+    Registry::new()
+        .route(
+            PAID_V1,
+            1,
+            PaidV1::<B> {
+                exchange: Arc::clone(&exchange),
+                _db: PhantomData,
+            },
+        )
+        .route(
+            PAID_V2,
+            2,
+            PaidV2::<B> {
+                exchange,
+                _db: PhantomData,
+            },
+        )
+}

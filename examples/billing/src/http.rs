@@ -1,0 +1,37 @@
+//! `/metrics`, `/healthz` and `/readyz`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use warren::StatsHandle;
+
+#[derive(Clone)]
+pub struct State {
+    pub stats: StatsHandle,
+    pub metrics: Arc<PrometheusHandle>,
+}
+
+pub fn router(state: State) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(state)
+}
+
+async fn metrics(extract::State(state): extract::State<State>) -> String {
+    state.metrics.render()
+}
+
+/// Ready while the consumer is subscribed and not draining.
+async fn ready(extract::State(state): extract::State<State>) -> (StatusCode, &'static str) {
+    if state.stats.is_consuming() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not consuming\n")
+    }
+}

@@ -1,0 +1,374 @@
+//! `billing`: warren's reference service. It records paid invoices and credits
+//! loyalty points from `billing.invoice-paid` events, once per event however
+//! often it arrives, and announces each recorded payment through its outbox.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line program
+// A binary: `pub` marks what a module offers the rest of the program.
+#![allow(unreachable_pub)]
+
+mod db;
+mod demo;
+mod handlers;
+mod http;
+mod service;
+mod status;
+mod stream;
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use sqlx::{Postgres, Sqlite};
+use warren::{DatabaseUrl, QueueType, RetryPolicy};
+
+use crate::db::{BillingDb, Database};
+use crate::service::{Names, Settings};
+use crate::stream::StreamSpec;
+
+/// warren's reference service: paid invoices and loyalty points, effectively once.
+#[derive(Parser)]
+#[command(name = "billing", version, about)]
+struct Cli {
+    /// Broker URL.
+    #[arg(long, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", global = true, hide_env_values = true)]
+    amqp_url: String,
+    /// Database: postgres://..., sqlite://PATH, or a file path [default: sqlite
+    /// file billing.db here; the demo uses a fresh temporary one].
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, value_parser = parse_database_url)]
+    database_url: Option<DatabaseUrl>,
+    /// Prefix of the exchange and queues [default: billing; the demo makes a fresh one].
+    #[arg(long, env = "BILLING_PREFIX", global = true)]
+    prefix: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "BILLING_HTTP", default_value = "127.0.0.1:9464", global = true)]
+    http: SocketAddr,
+    /// Unacknowledged deliveries the broker may push to this process.
+    #[arg(long, env = "BILLING_PREFETCH", default_value_t = warren::DEFAULT_PREFETCH, global = true)]
+    prefetch: u16,
+    /// Messages processed at once.
+    #[arg(long, env = "BILLING_CONCURRENCY", default_value_t = warren::DEFAULT_CONCURRENCY, global = true)]
+    concurrency: usize,
+    /// Retry delay tiers, comma separated [default: 5s,30s,2m,10m,30m; the demo uses 200ms,500ms,1s].
+    #[arg(long, env = "BILLING_RETRY_TIERS", value_delimiter = ',', value_parser = warren::parse_delay, global = true)]
+    retry_tiers: Vec<Duration>,
+    /// Log format: text on a terminal, JSON otherwise, unless set.
+    #[arg(long, env = "BILLING_LOG_FORMAT", global = true)]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the consumer, the outbox relay and the HTTP endpoints until SIGTERM or SIGINT.
+    Run,
+    /// Run the whole story on fresh state and prove the outcome.
+    Demo {
+        /// Invoices to publish.
+        #[arg(long, default_value_t = 500)]
+        count: usize,
+        /// Keep the demo's queues and database instead of removing them.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Publish invoice-paid events to the prefix's exchange.
+    Publish {
+        /// Unique valid invoices (flaky ones included).
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        /// Share of valid messages sent twice, 0 to 1.
+        #[arg(long, default_value_t = 0.1)]
+        duplicates: f64,
+        /// Share of messages in schema version 2, 0 to 1.
+        #[arg(long, default_value_t = 0.3)]
+        v2: f64,
+        /// Poison messages (invalid JSON, unknown version, negative amount,
+        /// unsupported currency, unknown type, in turn).
+        #[arg(long, default_value_t = 0)]
+        poison: usize,
+        /// Messages from flaky customers, which fail twice before succeeding.
+        #[arg(long, default_value_t = 0)]
+        flaky: usize,
+        /// Seed of the random choices [default: random].
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Counts from the database and the queues.
+    Status,
+}
+
+fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
+    s.parse()
+}
+
+impl Cli {
+    fn settings(&self, default_tiers: RetryPolicy) -> Result<Settings, String> {
+        let retry = if self.retry_tiers.is_empty() {
+            default_tiers
+        } else {
+            RetryPolicy::new(self.retry_tiers.iter().copied())
+        };
+        let settings = Settings {
+            prefetch: self.prefetch,
+            concurrency: self.concurrency,
+            retry,
+            queue_type: QueueType::Quorum,
+        };
+        // Every value is checked before anything starts.
+        service::consumer_config(&Names::new("billing"), &settings)
+            .validate()
+            .map_err(|e| e.to_string())?;
+        Ok(settings)
+    }
+
+    fn database_url(&self) -> DatabaseUrl {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| DatabaseUrl::Sqlite("sqlite://billing.db".into()))
+    }
+
+    fn names(&self) -> Names {
+        Names::new(self.prefix.as_deref().unwrap_or("billing"))
+    }
+}
+
+fn init_logging(format: Option<LogFormat>, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let json = match format {
+        Some(LogFormat::Json) => true,
+        Some(LogFormat::Text) => false,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Runs `$body` with `$B` bound to the database type of `$db` and `$store` to its store.
+macro_rules! with_store {
+    ($db:expr, |$store:ident: $B:ident| $body:expr) => {
+        match $db {
+            Database::Postgres($store) => {
+                type $B = Postgres;
+                $body
+            }
+            Database::Sqlite($store) => {
+                type $B = Sqlite;
+                $body
+            }
+        }
+    };
+}
+
+async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Database, String> {
+    Database::open(url, schema, pool)
+        .await
+        .map_err(|e| format!("cannot open the database {}: {e}", url.redacted()))
+}
+
+async fn run(cli: Cli) -> Result<bool, String> {
+    let pool = u32::try_from(cli.concurrency).unwrap_or(u32::MAX).saturating_add(4);
+    match &cli.command {
+        Command::Run => {
+            let settings = cli.settings(RetryPolicy::default())?;
+            let names = cli.names();
+            let db = open(&cli.database_url(), None, pool).await?;
+            with_store!(db, |store: B| {
+                service::run::<B>(store, &cli.amqp_url, &names, &settings, cli.http).await?
+            });
+            Ok(true)
+        }
+        Command::Publish {
+            count,
+            duplicates,
+            v2,
+            poison,
+            flaky,
+            seed,
+        } => {
+            let settings = cli.settings(RetryPolicy::default())?;
+            let names = cli.names();
+            let spec = StreamSpec {
+                count: *count,
+                duplicates: *duplicates,
+                v2: *v2,
+                poison: *poison,
+                flaky: *flaky,
+                seed: seed.unwrap_or_else(|| fastrand::u64(..)),
+            };
+            spec.validate()?;
+            service::declare(&cli.amqp_url, &names, &settings).await?;
+            let plan = stream::plan(&spec);
+            let connection = Arc::new(
+                warren::connect(&cli.amqp_url, "billing publish")
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            stream::publish(Arc::clone(&connection), &names.exchange(), &plan).await?;
+            let _ = connection.close(200, "published".into()).await;
+            let e = &plan.expected;
+            println!("published {} deliveries to {}", e.published, names.exchange());
+            println!("  unique      {}", e.unique);
+            println!("  valid       {} ({} v1, {} v2, {} flaky)", e.valid, e.valid - e.v2, e.v2, e.flaky);
+            println!("  duplicates  {}", e.duplicates);
+            println!("  poison      {}", e.poison.values().sum::<usize>());
+            for (reason, n) in &e.poison {
+                println!("    {reason:<24} {n}");
+            }
+            println!("  loyalty points expected  {}", e.loyalty_sum);
+            println!("  seed        {}", spec.seed);
+            Ok(true)
+        }
+        Command::Status => {
+            let names = cli.names();
+            let url = cli.database_url();
+            if let DatabaseUrl::Sqlite(u) = &url {
+                let path = u.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+                if !std::path::Path::new(path).exists() {
+                    return Err(format!("no database at {path} (--database-url)"));
+                }
+            }
+            let db = open(&url, None, 2).await?;
+            let connection = Arc::new(
+                warren::connect(&cli.amqp_url, "billing status")
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            let report = with_store!(db, |store: B| {
+                status::gather::<B>(&store, &connection, &names).await?
+            });
+            status::print(&report);
+            Ok(true)
+        }
+        Command::Demo { count, keep } => demo_command(&cli, *count, *keep, pool).await,
+    }
+}
+
+async fn demo_command(cli: &Cli, count: usize, keep: bool, pool: u32) -> Result<bool, String> {
+    let settings = cli.settings(demo::demo_settings(cli.prefetch, cli.concurrency).retry)?;
+    let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
+    let names = Names::new(
+        &cli.prefix
+            .clone()
+            .unwrap_or_else(|| format!("billing-demo-{tag}")),
+    );
+    let spec = StreamSpec {
+        count,
+        duplicates: 0.1,
+        v2: 0.3,
+        poison: 5,
+        flaky: 3.min(count),
+        seed: fastrand::u64(..),
+    };
+    spec.validate()?;
+
+    // Fresh state: a temporary SQLite file, or a schema of its own on PostgreSQL.
+    let temp = tempdir()?;
+    let (db, schema) = match &cli.database_url {
+        None => {
+            let path = temp.join("billing-demo.db");
+            let url = DatabaseUrl::Sqlite(format!("sqlite://{}", path.display()));
+            println!("database: SQLite {}", path.display());
+            (open(&url, None, pool).await?, None)
+        }
+        Some(url @ DatabaseUrl::Postgres(_)) => {
+            let schema = format!("billing_demo_{tag}");
+            create_schema(url, &schema).await?;
+            println!("database: PostgreSQL {} (schema {schema})", url.redacted());
+            (open(url, Some(&schema), pool).await?, Some(schema))
+        }
+        Some(url) => {
+            println!("database: {}", url.redacted());
+            (open(url, None, pool).await?, None)
+        }
+    };
+    let passed = with_store!(db, |store: B| {
+        let passed = demo::run::<B>(store.clone(), &cli.amqp_url, &names, &settings, &spec).await;
+        if !keep {
+            B::pool(&store).close().await;
+        }
+        passed
+    });
+    if keep {
+        println!("kept: prefix {:?}, database as above", names.prefix);
+    } else {
+        teardown(cli, &names, &settings, schema.as_deref()).await;
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    passed
+}
+
+fn tempdir() -> Result<std::path::PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("billing-demo-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
+    let pool = sqlx::PgPool::connect(url.as_str())
+        .await
+        .map_err(|e| format!("cannot open {}: {e}", url.redacted()))?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&pool)
+        .await
+        .map_err(|e| format!("cannot create schema {schema}: {e}"))?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Removes what the demo created: its queues and exchange, and its schema.
+async fn teardown(cli: &Cli, names: &Names, settings: &Settings, schema: Option<&str>) {
+    if let Ok(connection) = warren::connect(&cli.amqp_url, "billing demo teardown").await {
+        let _ = warren::delete(&connection, &service::topology(names, settings)).await;
+        let _ = connection.close(200, "done".into()).await;
+    }
+    if let (Some(schema), Some(url)) = (schema, &cli.database_url)
+        && let Ok(pool) = sqlx::PgPool::connect(url.as_str()).await
+    {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&pool)
+            .await;
+        pool.close().await;
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.command {
+        Command::Run => "info",
+        // The demo's output is its progress and its table; warren's per-message
+        // logs (RUST_LOG=warren=info) would drown them.
+        Command::Demo { .. } => "off",
+        _ => "warn",
+    };
+    init_logging(cli.log_format, level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("billing: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(message) => {
+            eprintln!("billing: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

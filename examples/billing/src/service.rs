@@ -1,0 +1,185 @@
+//! `billing run`: the consumer, the outbox relay and the HTTP endpoints, until
+//! SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use warren::{
+    BindingSpec, ConsumerConfig, QueueSpec, QueueType, RelayConfig, RetryPolicy, StatsHandle,
+    Topology,
+};
+
+use crate::db::BillingDb;
+use crate::handlers::{self, CONSUMER};
+
+/// Broker names for a prefix `P`.
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+    /// `P.events`: where invoice events arrive and recorded payments leave.
+    pub fn exchange(&self) -> String {
+        format!("{}.events", self.prefix)
+    }
+    /// `P.invoice-paid`: billing's queue.
+    pub fn queue(&self) -> String {
+        format!("{}.invoice-paid", self.prefix)
+    }
+    /// `P.invoice-payment-recorded`: stands in for the downstream service that
+    /// consumes billing's events, so that they are routable and can be counted.
+    pub fn recorded_queue(&self) -> String {
+        format!("{}.invoice-payment-recorded", self.prefix)
+    }
+}
+
+/// Settings of the consumer part.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub prefetch: u16,
+    pub concurrency: usize,
+    pub retry: RetryPolicy,
+    pub queue_type: QueueType,
+}
+
+/// billing's consumer configuration for `names`.
+pub fn consumer_config(names: &Names, settings: &Settings) -> ConsumerConfig {
+    ConsumerConfig::new(CONSUMER, names.queue())
+        .bind(names.exchange(), ["billing.invoice-paid.*"])
+        .with_prefetch(settings.prefetch)
+        .with_concurrency(settings.concurrency)
+        .with_retry(settings.retry.clone())
+        .with_queue_type(settings.queue_type)
+}
+
+/// Everything billing declares: the consumer's topology plus the downstream queue
+/// for recorded payments.
+pub fn topology(names: &Names, settings: &Settings) -> Topology {
+    let mut t = Topology::for_consumer(&consumer_config(names, settings));
+    t.queues
+        .push(QueueSpec::new(names.recorded_queue(), settings.queue_type));
+    t.bindings.push(BindingSpec {
+        exchange: names.exchange(),
+        queue: names.recorded_queue(),
+        routing_key: "billing.invoice-payment-recorded.*".into(),
+    });
+    t
+}
+
+/// Declares billing's topology.
+pub async fn declare(amqp_url: &str, names: &Names, settings: &Settings) -> Result<(), String> {
+    let connection = warren::connect(amqp_url, "billing setup")
+        .await
+        .map_err(|e| format!("cannot reach the broker at {}: {e}", warren::redact_url(amqp_url)))?;
+    let channel = connection.create_channel().await.map_err(|e| e.to_string())?;
+    let declared = warren::declare(&channel, &topology(names, settings)).await;
+    let _ = connection.close(200, "declared".into()).await;
+    declared.map_err(|e| e.to_string())
+}
+
+/// What runs until shutdown, and the handles to watch it.
+pub struct Running {
+    pub stats: StatsHandle,
+    pub task: tokio::task::JoinHandle<Result<(), warren::Error>>,
+}
+
+/// Starts consumer and relay on `store` until `stop` turns true.
+pub async fn start<B: BillingDb>(
+    store: B::S,
+    amqp_url: &str,
+    names: &Names,
+    settings: &Settings,
+    relay: RelayConfig,
+    stop: watch::Receiver<bool>,
+) -> Result<Running, String> {
+    B::create_tables(&store)
+        .await
+        .map_err(|e| format!("cannot create billing's tables: {e}"))?;
+    declare(amqp_url, names, settings).await?;
+    let consumer = warren::Consumer::new(
+        consumer_config(names, settings),
+        store,
+        handlers::routes::<B>(&names.exchange()),
+    );
+    let stats = consumer.stats();
+    let url = amqp_url.to_owned();
+    let task = tokio::spawn(async move {
+        let mut stop = stop;
+        consumer
+            .run_with_relay(&url, relay, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    Ok(Running { stats, task })
+}
+
+/// `billing run`.
+pub async fn run<B: BillingDb>(
+    store: B::S,
+    amqp_url: &str,
+    names: &Names,
+    settings: &Settings,
+    http: SocketAddr,
+) -> Result<(), String> {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let signal = warren::shutdown_signal();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let running = start::<B>(
+        store,
+        amqp_url,
+        names,
+        settings,
+        RelayConfig::new(CONSUMER),
+        stop_rx.clone(),
+    )
+    .await?;
+    let listener = tokio::net::TcpListener::bind(http)
+        .await
+        .map_err(|e| format!("cannot listen on {http} (--http): {e}"))?;
+    let state = crate::http::State {
+        stats: running.stats.clone(),
+        metrics: Arc::new(recorder),
+    };
+    let mut http_stop = stop_rx.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, crate::http::router(state))
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    tracing::info!(%http, queue = %names.queue(), "billing running");
+
+    let mut task = running.task;
+    let outcome = tokio::select! {
+        () = signal => {
+            let _ = stop_tx.send(true);
+            // The consumer drains within its shutdown deadline; give it that long.
+            match tokio::time::timeout(Duration::from_secs(60), &mut task).await {
+                Ok(joined) => joined,
+                Err(_) => return Err("the consumer did not drain within 60 s".into()),
+            }
+        }
+        joined = &mut task => {
+            let _ = stop_tx.send(true);
+            joined
+        }
+    };
+    let _ = server.await;
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("consumer task failed: {e}")),
+    }
+}
