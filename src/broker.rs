@@ -208,7 +208,10 @@ pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), 
     for q in &topology.queues {
         let channel = connection.create_channel().await?;
         let _ = channel
-            .queue_delete(q.name.as_str().into(), lapin::options::QueueDeleteOptions::default())
+            .queue_delete(
+                q.name.as_str().into(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
             .await;
         if channel.status().connected() {
             let _ = channel.close(200, "deleted".into()).await;
@@ -217,7 +220,10 @@ pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), 
     for e in &topology.exchanges {
         let channel = connection.create_channel().await?;
         let _ = channel
-            .exchange_delete(e.name.as_str().into(), lapin::options::ExchangeDeleteOptions::default())
+            .exchange_delete(
+                e.name.as_str().into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
             .await;
         if channel.status().connected() {
             let _ = channel.close(200, "deleted".into()).await;

@@ -43,10 +43,16 @@ mod tests {
         assert_eq!(k, idempotency_key("c", "m", "s"));
         assert_ne!(k, idempotency_key("c2", "m", "s"));
         assert_ne!(k, idempotency_key("c", "m2", "s"));
-        assert_ne!(idempotency_key("a", "bc", "s"), idempotency_key("ab", "c", "s"));
+        assert_ne!(
+            idempotency_key("a", "bc", "s"),
+            idempotency_key("ab", "c", "s")
+        );
         assert!(Uuid::parse_str(&k).is_ok());
         // Fixed forever: a changed derivation would re-run every external call
         // whose message is redelivered across an upgrade.
-        assert_eq!(idempotency_key("billing", "m-1", "record-payment").len(), 36);
+        assert_eq!(
+            idempotency_key("billing", "m-1", "record-payment").len(),
+            36
+        );
     }
 }

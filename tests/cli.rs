@@ -19,9 +19,9 @@ fn warren_cmd() -> tokio::process::Command {
 }
 
 async fn warren(args: &[&str]) -> Output {
-    tokio::time::timeout(Duration::from_secs(60), warren_cmd().args(args).output())
+    tokio::time::timeout(Duration::from_secs(120), warren_cmd().args(args).output())
         .await
-        .expect("warren finished within 60 s")
+        .unwrap_or_else(|_| panic!("warren {args:?} did not finish within 120 s"))
         .unwrap()
 }
 

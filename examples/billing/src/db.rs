@@ -65,16 +65,21 @@ pub enum Database {
 }
 
 impl Database {
-    pub async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Self, StoreError> {
+    pub async fn open(
+        url: &DatabaseUrl,
+        schema: Option<&str>,
+        pool: u32,
+    ) -> Result<Self, StoreError> {
         match url {
             DatabaseUrl::Postgres(u) => {
-                let mut options = PgConnectOptions::from_str(u).map_err(|e| {
-                    StoreError::Config(format!("{}: {e}", url.redacted()))
-                })?;
+                let mut options = PgConnectOptions::from_str(u)
+                    .map_err(|e| StoreError::Config(format!("{}: {e}", url.redacted())))?;
                 if let Some(schema) = schema {
                     options = options.options([("search_path", schema)]);
                 }
-                Ok(Database::Postgres(PgStore::connect_with(options, pool).await?))
+                Ok(Database::Postgres(
+                    PgStore::connect_with(options, pool).await?,
+                ))
             }
             DatabaseUrl::Sqlite(u) => Ok(Database::Sqlite(SqliteStore::connect(u).await?)),
         }
@@ -155,12 +160,14 @@ impl BillingDb for Postgres {
         .bind(&p.payment_reference)
         .execute(tx.conn())
         .await?;
-        sqlx::query("INSERT INTO loyalty_points (customer_id, points, message_id) VALUES ($1, $2, $3)")
-            .bind(&p.customer_id)
-            .bind(p.points)
-            .bind(message_id)
-            .execute(tx.conn())
-            .await?;
+        sqlx::query(
+            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES ($1, $2, $3)",
+        )
+        .bind(&p.customer_id)
+        .bind(p.points)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
         Ok(())
     }
 
@@ -219,12 +226,14 @@ impl BillingDb for Sqlite {
         .bind(&p.payment_reference)
         .execute(tx.conn())
         .await?;
-        sqlx::query("INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)")
-            .bind(&p.customer_id)
-            .bind(p.points)
-            .bind(message_id)
-            .execute(tx.conn())
-            .await?;
+        sqlx::query(
+            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)",
+        )
+        .bind(&p.customer_id)
+        .bind(p.points)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
         Ok(())
     }
 

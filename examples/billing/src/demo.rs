@@ -53,7 +53,8 @@ pub async fn run<B: BillingDb>(
     println!("warren demo: billing on prefix {:?}", names.prefix);
     let (stop_tx, stop_rx) = watch::channel(false);
     let relay = RelayConfig::new("billing").with_poll_interval(Duration::from_millis(200));
-    let running = service::start::<B>(store.clone(), amqp_url, names, settings, relay, stop_rx).await?;
+    let running =
+        service::start::<B>(store.clone(), amqp_url, names, settings, relay, stop_rx).await?;
     let connection = Arc::new(
         warren::connect(amqp_url, "billing demo")
             .await
@@ -135,7 +136,11 @@ pub async fn run<B: BillingDb>(
     let passed = checks.iter().all(|c| c.ok);
     println!(
         "\n{} in {:.1} s",
-        if passed { "all checks passed" } else { "SOME CHECKS FAILED" },
+        if passed {
+            "all checks passed"
+        } else {
+            "SOME CHECKS FAILED"
+        },
         started.elapsed().as_secs_f64()
     );
     let _ = connection.close(200, "demo done".into()).await;
@@ -156,7 +161,7 @@ fn print_table(e: &Expected, r: &Report, s: &warren::ConsumerStats) {
         ("dead-lettered", r.dead_lettered().to_string()),
     ];
     println!();
-    println!("  {:<28} {}", "what", "count");
+    println!("  {:<28} count", "what");
     println!("  {:<28} {}", "-".repeat(28), "-".repeat(12));
     for (k, v) in rows {
         println!("  {k:<28} {v}");
@@ -179,7 +184,10 @@ fn checks(e: &Expected, r: &Report, s: &warren::ConsumerStats, settled: bool) ->
         ),
         check(
             applied == e.valid && c.invoices_paid as usize == e.valid,
-            format!("applied: {applied} of {} valid messages, once each", e.valid),
+            format!(
+                "applied: {applied} of {} valid messages, once each",
+                e.valid
+            ),
         ),
         check(
             c.loyalty_rows as usize == e.valid && c.loyalty_sum == e.loyalty_sum,
@@ -190,7 +198,10 @@ fn checks(e: &Expected, r: &Report, s: &warren::ConsumerStats, settled: bool) ->
         ),
         check(
             s.duplicates as usize == e.duplicates && e.duplicates > 0,
-            format!("duplicates skipped: {} of {} copies", s.duplicates, e.duplicates),
+            format!(
+                "duplicates skipped: {} of {} copies",
+                s.duplicates, e.duplicates
+            ),
         ),
         check(
             s.retried as usize == 2 * e.flaky && e.flaky > 0,
@@ -221,6 +232,9 @@ fn checks(e: &Expected, r: &Report, s: &warren::ConsumerStats, settled: bool) ->
                 r.outbox.published, r.recorded_queued
             ),
         ),
-        check(r.queued == 0, format!("nothing left in the queue ({} ready)", r.queued)),
+        check(
+            r.queued == 0,
+            format!("nothing left in the queue ({} ready)", r.queued),
+        ),
     ]
 }

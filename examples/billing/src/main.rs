@@ -32,7 +32,13 @@ use crate::stream::StreamSpec;
 #[command(name = "billing", version, about)]
 struct Cli {
     /// Broker URL.
-    #[arg(long, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", global = true, hide_env_values = true)]
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        global = true,
+        hide_env_values = true
+    )]
     amqp_url: String,
     /// Database: postgres://..., sqlite://PATH, or a file path [default: sqlite
     /// file billing.db here; the demo uses a fresh temporary one].
@@ -42,7 +48,12 @@ struct Cli {
     #[arg(long, env = "BILLING_PREFIX", global = true)]
     prefix: Option<String>,
     /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "BILLING_HTTP", default_value = "127.0.0.1:9464", global = true)]
+    #[arg(
+        long,
+        env = "BILLING_HTTP",
+        default_value = "127.0.0.1:9464",
+        global = true
+    )]
     http: SocketAddr,
     /// Unacknowledged deliveries the broker may push to this process.
     #[arg(long, env = "BILLING_PREFETCH", default_value_t = warren::DEFAULT_PREFETCH, global = true)]
@@ -181,14 +192,18 @@ async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Data
 }
 
 async fn run(cli: Cli) -> Result<bool, String> {
-    let pool = u32::try_from(cli.concurrency).unwrap_or(u32::MAX).saturating_add(4);
+    let pool = u32::try_from(cli.concurrency)
+        .unwrap_or(u32::MAX)
+        .saturating_add(4);
+    // Every flag is checked before any command touches anything.
+    cli.settings(RetryPolicy::default())?;
     match &cli.command {
         Command::Run => {
             let settings = cli.settings(RetryPolicy::default())?;
             let names = cli.names();
             let db = open(&cli.database_url(), None, pool).await?;
             with_store!(db, |store: B| {
-                service::run::<B>(store, &cli.amqp_url, &names, &settings, cli.http).await?
+                service::run::<B>(store, &cli.amqp_url, &names, &settings, cli.http).await?;
             });
             Ok(true)
         }
@@ -221,9 +236,19 @@ async fn run(cli: Cli) -> Result<bool, String> {
             stream::publish(Arc::clone(&connection), &names.exchange(), &plan).await?;
             let _ = connection.close(200, "published".into()).await;
             let e = &plan.expected;
-            println!("published {} deliveries to {}", e.published, names.exchange());
+            println!(
+                "published {} deliveries to {}",
+                e.published,
+                names.exchange()
+            );
             println!("  unique      {}", e.unique);
-            println!("  valid       {} ({} v1, {} v2, {} flaky)", e.valid, e.valid - e.v2, e.v2, e.flaky);
+            println!(
+                "  valid       {} ({} v1, {} v2, {} flaky)",
+                e.valid,
+                e.valid - e.v2,
+                e.v2,
+                e.flaky
+            );
             println!("  duplicates  {}", e.duplicates);
             println!("  poison      {}", e.poison.values().sum::<usize>());
             for (reason, n) in &e.poison {
@@ -237,7 +262,9 @@ async fn run(cli: Cli) -> Result<bool, String> {
             let names = cli.names();
             let url = cli.database_url();
             if let DatabaseUrl::Sqlite(u) = &url {
-                let path = u.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+                let path = u
+                    .trim_start_matches("sqlite://")
+                    .trim_start_matches("sqlite:");
                 if !std::path::Path::new(path).exists() {
                     return Err(format!("no database at {path} (--database-url)"));
                 }
@@ -356,7 +383,10 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     init_logging(cli.log_format, level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("billing: cannot start: {e}");

@@ -78,8 +78,16 @@ pub fn topology(names: &Names, settings: &Settings) -> Topology {
 pub async fn declare(amqp_url: &str, names: &Names, settings: &Settings) -> Result<(), String> {
     let connection = warren::connect(amqp_url, "billing setup")
         .await
-        .map_err(|e| format!("cannot reach the broker at {}: {e}", warren::redact_url(amqp_url)))?;
-    let channel = connection.create_channel().await.map_err(|e| e.to_string())?;
+        .map_err(|e| {
+            format!(
+                "cannot reach the broker at {}: {e}",
+                warren::redact_url(amqp_url)
+            )
+        })?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
     let declared = warren::declare(&channel, &topology(names, settings)).await;
     let _ = connection.close(200, "declared".into()).await;
     declared.map_err(|e| e.to_string())

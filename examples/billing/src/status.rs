@@ -34,7 +34,9 @@ pub async fn gather<B: BillingDb>(
     connection: &Arc<warren::lapin::Connection>,
     names: &Names,
 ) -> Result<Report, String> {
-    let counts = B::counts(store, CONSUMER).await.map_err(|e| e.to_string())?;
+    let counts = B::counts(store, CONSUMER)
+        .await
+        .map_err(|e| e.to_string())?;
     let outbox = store.outbox_status().await.map_err(|e| e.to_string())?;
     let depth = |q: String| async move {
         warren::inspect_queue(connection, &q)

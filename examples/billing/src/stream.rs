@@ -180,19 +180,31 @@ pub fn plan(spec: &StreamSpec) -> Plan {
             (_, DeadLetterReason::UnknownSchemaVersion) => {
                 planned(PAID_V2, &envelope(PAID_V2, 3, &good))
             }
-            (_, DeadLetterReason::UnknownEventType) => {
-                planned("billing.invoice-paid.refund", &envelope("billing.invoice-paid.refund", 1, &good))
-            }
+            (_, DeadLetterReason::UnknownEventType) => planned(
+                "billing.invoice-paid.refund",
+                &envelope("billing.invoice-paid.refund", 1, &good),
+            ),
             (2, _) => planned(
                 PAID_V1,
-                &envelope(PAID_V1, 1, &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": -5.0, "currency": "EUR"})),
+                &envelope(
+                    PAID_V1,
+                    1,
+                    &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": -5.0, "currency": "EUR"}),
+                ),
             ),
             _ => planned(
                 PAID_V1,
-                &envelope(PAID_V1, 1, &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 5.0, "currency": "XXX"})),
+                &envelope(
+                    PAID_V1,
+                    1,
+                    &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 5.0, "currency": "XXX"}),
+                ),
             ),
         };
-        *expected.poison.entry(reason.as_str().to_owned()).or_default() += 1;
+        *expected
+            .poison
+            .entry(reason.as_str().to_owned())
+            .or_default() += 1;
         let at = rng.usize(..=messages.len());
         messages.insert(at, p);
     }
