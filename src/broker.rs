@@ -81,10 +81,78 @@ impl BrokerError {
     }
 }
 
-/// Opens a connection named `name` (shown in the management UI).
+/// Opens a connection named `name` (shown in the management UI). `url` may list
+/// several brokers of a cluster, separated by commas; they are tried in turn and
+/// the first that answers is used.
 pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    let props = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect(url, props).await?)
+    let urls = parse_urls(url)?;
+    let mut last = None;
+    for u in &urls {
+        let props = ConnectionProperties::default().with_connection_name(name.into());
+        match Connection::connect(u, props).await {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                tracing::warn!(url = %crate::redact_url(u), error = %e, "broker unreachable");
+                last = Some(e);
+            }
+        }
+    }
+    Err(BrokerError::Amqp(
+        last.expect("parse_urls returns at least one URL"),
+    ))
+}
+
+/// Splits a comma-separated list of broker URLs; an empty list is an error.
+pub(crate) fn parse_urls(url: &str) -> Result<Vec<String>, BrokerError> {
+    let urls: Vec<String> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(BrokerError::Unavailable("no broker URL given".into()));
+    }
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| !u.starts_with("amqp://") && !u.starts_with("amqps://"))
+    {
+        return Err(BrokerError::Unavailable(format!(
+            "{} is not a broker URL: use amqp://user:password@host:port/vhost",
+            crate::redact_url(bad)
+        )));
+    }
+    Ok(urls)
+}
+
+/// Capped exponential backoff with jitter, for reconnecting.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            first,
+            max,
+            next: first,
+        }
+    }
+
+    /// The next wait: between half and all of the current step, so that many
+    /// clients do not reconnect in lockstep after a broker restart.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let step = self.next;
+        self.next = (self.next * 2).min(self.max);
+        step.mul_f64(0.5 + fastrand::f64() * 0.5)
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = self.first;
+    }
 }
 
 fn field_table(arguments: &std::collections::BTreeMap<String, ArgValue>) -> FieldTable {

@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::Error;
-use crate::broker::{self, Publisher};
+use crate::broker::{self, Backoff, Publisher};
 use crate::dead_letter::{
     self, DeadLetterInfo, HEADER_ATTEMPT, HEADER_FIRST_FAILURE, HEADER_LAST_ERROR,
     HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, header_int,
@@ -84,6 +84,14 @@ pub struct ConsumerConfig {
     pub retry: RetryPolicy,
     /// Wait before a delivery is returned when its outcome could not be recorded.
     pub failure_backoff: Duration,
+    /// How often queue depth and consumer counts are read for the metrics.
+    pub queue_metrics_interval: Duration,
+    /// The broker's `consumer_timeout` (RabbitMQ's default is 30 minutes): a
+    /// delivery unacked for that long makes the broker close the channel.
+    pub consumer_timeout: Duration,
+    /// Share of `consumer_timeout` after which a still-running handler is logged
+    /// as a warning (default 0.5).
+    pub timeout_warning_share: f64,
 }
 
 impl ConsumerConfig {
@@ -102,6 +110,9 @@ impl ConsumerConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             retry: RetryPolicy::default(),
             failure_backoff: DEFAULT_FAILURE_BACKOFF,
+            queue_metrics_interval: Duration::from_secs(15),
+            consumer_timeout: Duration::from_secs(30 * 60),
+            timeout_warning_share: 0.5,
         }
     }
 
@@ -158,6 +169,18 @@ impl ConsumerConfig {
         self
     }
 
+    /// Sets the broker's consumer timeout, for the long-handler warning.
+    pub fn with_consumer_timeout(mut self, timeout: Duration) -> Self {
+        self.consumer_timeout = timeout;
+        self
+    }
+
+    /// Sets how often queue metrics are read.
+    pub fn with_queue_metrics_interval(mut self, interval: Duration) -> Self {
+        self.queue_metrics_interval = interval;
+        self
+    }
+
     /// The dead-letter queue's name.
     pub fn dead_letter_queue(&self) -> String {
         dead_letter_queue_name(&self.queue)
@@ -196,6 +219,15 @@ impl ConsumerConfig {
             ));
         }
         self.retry.validate().map_err(Error::Config)?;
+        if !(self.timeout_warning_share > 0.0 && self.timeout_warning_share <= 1.0) {
+            return fail(format!(
+                "timeout warning share must be above 0 and at most 1, got {}",
+                self.timeout_warning_share
+            ));
+        }
+        if self.queue_metrics_interval.is_zero() {
+            return fail("queue metrics interval must be above zero".into());
+        }
         if self.max_body_bytes == 0 {
             return fail("max body size must be at least 1 byte".into());
         }
@@ -260,12 +292,23 @@ impl<S: Store> Consumer<S> {
     }
 
     /// Migrates the store, declares the topology, and consumes from the queue until
-    /// `shutdown` resolves or the subscription is lost.
+    /// `shutdown` resolves.
+    ///
+    /// `amqp_url` may list several brokers of a cluster, separated by commas. When
+    /// the connection or channel drops (broker restart, network cut, missed
+    /// heartbeats, the queue deleted under the consumer), the consumer reconnects
+    /// with capped, jittered backoff, declares the topology again and resumes.
+    /// Deliveries of the lost channel are never acked on the new one; the broker
+    /// redelivers them and the inbox recognizes what already committed. While the
+    /// database is unreachable, intake pauses and resumes when it answers again.
     ///
     /// On shutdown it cancels the subscription, takes no new deliveries, gives
     /// in-flight messages the shutdown deadline to finish (acking what committed),
     /// then closes. Deliveries that did not finish are left unacked and the broker
     /// redelivers them.
+    ///
+    /// Returns an error only for what retrying cannot fix: an invalid
+    /// configuration, or a queue that exists with other arguments.
     pub async fn run<F>(self, amqp_url: &str, shutdown: F) -> Result<(), Error>
     where
         F: Future<Output = ()> + Send,
@@ -273,28 +316,143 @@ impl<S: Store> Consumer<S> {
         let config = &self.inner.config;
         config.validate()?;
         failpoint::check_env().map_err(Error::Config)?;
-        self.inner.store.migrate().await?;
+        broker::parse_urls(amqp_url).map_err(|e| Error::Config(e.to_string()))?;
+        let mut shutdown = std::pin::pin!(shutdown);
 
-        let connection =
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        loop {
+            match self.inner.store.migrate().await {
+                Ok(()) => break,
+                Err(e) if e.is_connection_error() => {
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?wait, "database unreachable at start");
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+
+        let permits = Arc::new(Semaphore::new(config.concurrency));
+        let mut in_flight = JoinSet::new();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        loop {
+            let session = match self.open_session(amqp_url).await {
+                Ok(session) => session,
+                Err(e) if is_fatal(&e) => {
+                    drain(&mut in_flight, config.shutdown_timeout).await;
+                    return Err(e);
+                }
+                Err(e) => {
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot consume; retrying");
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(wait) => continue,
+                    }
+                }
+            };
+            backoff.reset();
+            self.inner.telemetry.set_consuming(true);
+            let end = self
+                .consume(&session, &permits, &mut in_flight, &mut shutdown)
+                .await;
+            self.inner.telemetry.set_consuming(false);
+            match end {
+                SessionEnd::Shutdown => {
+                    // Draining: stop the flow first, so nothing new arrives while
+                    // in-flight work finishes. Deliveries buffered but not started
+                    // stay unacked and return to the queue when the channel closes.
+                    tracing::info!(in_flight = in_flight.len(), "draining");
+                    if session.channel.status().connected() {
+                        let _ = session
+                            .channel
+                            .basic_cancel(
+                                session.tag.as_str().into(),
+                                BasicCancelOptions::default(),
+                            )
+                            .await;
+                    }
+                    drain(&mut in_flight, config.shutdown_timeout).await;
+                    session.close().await;
+                    break;
+                }
+                SessionEnd::Lost(reason) => {
+                    let wait = backoff.next_delay();
+                    tracing::warn!(
+                        consumer_name = %config.name,
+                        reason = %reason,
+                        retry_in = ?wait,
+                        "lost the broker; reconnecting"
+                    );
+                    session.close().await;
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+        // Work of sessions that were lost before the shutdown.
+        drain(&mut in_flight, config.shutdown_timeout).await;
+        tracing::info!(consumer_name = %config.name, "stopped");
+        Ok(())
+    }
+
+    /// Connects (consuming and publishing on separate connections, so that a
+    /// resource alarm that blocks publishing does not stop consumption), declares
+    /// the topology, and subscribes.
+    async fn open_session(&self, amqp_url: &str) -> Result<Session, Error> {
+        let config = &self.inner.config;
+        let consume =
             Arc::new(broker::connect(amqp_url, &format!("warren consumer {}", config.name)).await?);
-        let setup = connection.create_channel().await?;
-        broker::declare(&setup, &self.topology()).await?;
-        let _ = setup.close(200, "topology declared".into()).await;
-
-        let publisher = Arc::new(Publisher::new(Arc::clone(&connection)));
-        let channel = connection.create_channel().await?;
-        channel
-            .basic_qos(config.prefetch, BasicQosOptions::default())
-            .await?;
-        let tag = format!("warren.{}.{}", config.name, uuid::Uuid::now_v7());
-        let mut deliveries = channel
-            .basic_consume(
-                config.queue.as_str().into(),
-                tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let publish =
+            match broker::connect(amqp_url, &format!("warren publisher {}", config.name)).await {
+                Ok(c) => Arc::new(c),
+                Err(e) => {
+                    let _ = consume.close(200, "publisher failed".into()).await;
+                    return Err(e.into());
+                }
+            };
+        let opened = async {
+            let setup = consume.create_channel().await?;
+            broker::declare(&setup, &self.topology()).await?;
+            let _ = setup.close(200, "topology declared".into()).await;
+            let channel = consume.create_channel().await?;
+            channel
+                .basic_qos(config.prefetch, BasicQosOptions::default())
+                .await?;
+            let tag = format!("warren.{}.{}", config.name, uuid::Uuid::now_v7());
+            let deliveries = channel
+                .basic_consume(
+                    config.queue.as_str().into(),
+                    tag.as_str().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok::<_, Error>((channel, tag, deliveries))
+        }
+        .await;
+        let (channel, tag, deliveries) = match opened {
+            Ok(parts) => parts,
+            Err(e) => {
+                let _ = consume.close(200, "setup failed".into()).await;
+                let _ = publish.close(200, "setup failed".into()).await;
+                return Err(e);
+            }
+        };
+        let lost = Arc::new(tokio::sync::Notify::new());
+        let monitor = tokio::spawn(monitor(
+            Arc::clone(&consume),
+            Arc::clone(&publish),
+            self.inner.telemetry.clone(),
+            vec![config.queue.clone(), config.dead_letter_queue()],
+            config.queue_metrics_interval,
+            Arc::clone(&lost),
+        ));
         tracing::info!(
             consumer_name = %config.name,
             queue_name = %config.queue,
@@ -302,84 +460,186 @@ impl<S: Store> Consumer<S> {
             concurrency = config.concurrency,
             "consuming"
         );
+        Ok(Session {
+            publisher: Arc::new(Publisher::new(Arc::clone(&publish))),
+            consume,
+            publish,
+            channel,
+            tag,
+            deliveries,
+            lost,
+            monitor,
+        })
+    }
 
-        self.inner.telemetry.set_consuming(true);
-        let permits = Arc::new(Semaphore::new(config.concurrency));
-        let mut in_flight = JoinSet::new();
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut ended: Result<(), Error> = Ok(());
+    /// Takes deliveries until shutdown or until the session is lost.
+    async fn consume<F>(
+        &self,
+        session: &Session,
+        permits: &Arc<Semaphore>,
+        in_flight: &mut JoinSet<()>,
+        shutdown: &mut std::pin::Pin<&mut F>,
+    ) -> SessionEnd
+    where
+        F: Future<Output = ()> + Send,
+    {
+        let mut deliveries = session.deliveries.clone();
         loop {
+            if !self.inner.telemetry.stats().health().database {
+                // Pause intake: a delivery taken now could only be returned.
+                if let Some(end) = self.wait_for_database(session, shutdown).await {
+                    return end;
+                }
+            }
             // A permit first: a delivery is taken from the buffer only when a worker
             // is free, so at most `concurrency` messages are being processed.
             let permit = tokio::select! {
                 biased;
-                () = &mut shutdown => break,
-                permit = Arc::clone(&permits).acquire_owned() => permit.expect("semaphore is never closed"),
+                () = shutdown.as_mut() => return SessionEnd::Shutdown,
+                () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
+                permit = Arc::clone(permits).acquire_owned() => permit.expect("semaphore is never closed"),
             };
             let next = tokio::select! {
                 biased;
-                () = &mut shutdown => break,
+                () = shutdown.as_mut() => return SessionEnd::Shutdown,
+                () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
                 next = deliveries.next() => next,
             };
             match next {
                 Some(Ok(delivery)) => {
                     let inner = Arc::clone(&self.inner);
-                    let publisher = Arc::clone(&publisher);
+                    let publisher = Arc::clone(&session.publisher);
                     in_flight.spawn(async move {
                         inner.process(&publisher, delivery).await;
                         drop(permit);
                     });
                 }
-                Some(Err(e)) => {
-                    ended = Err(Error::SubscriptionLost {
-                        queue: config.queue.clone(),
-                        detail: e.to_string(),
-                    });
-                    break;
-                }
+                Some(Err(e)) => return SessionEnd::Lost(e.to_string()),
                 None => {
-                    ended = Err(Error::SubscriptionLost {
-                        queue: config.queue.clone(),
-                        detail: "the consumer was cancelled".into(),
-                    });
-                    break;
+                    return SessionEnd::Lost(
+                        "the broker ended the subscription (queue deleted or connection closed)"
+                            .into(),
+                    );
                 }
             }
             while let Some(done) = in_flight.try_join_next() {
                 log_task_end(done);
             }
         }
+    }
 
-        // Draining: stop the flow first, so nothing new arrives while in-flight work
-        // finishes. Deliveries already buffered but not started stay unacked and
-        // return to the queue when the channel closes.
-        self.inner.telemetry.set_consuming(false);
-        tracing::info!(in_flight = in_flight.len(), "draining");
-        if channel.status().connected() {
-            let _ = channel
-                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-                .await;
-        }
-        let drained = tokio::time::timeout(config.shutdown_timeout, async {
-            while let Some(done) = in_flight.join_next().await {
-                log_task_end(done);
+    /// Probes the database with backoff until it answers. `Some` if the session
+    /// ended meanwhile.
+    async fn wait_for_database<F>(
+        &self,
+        session: &Session,
+        shutdown: &mut std::pin::Pin<&mut F>,
+    ) -> Option<SessionEnd>
+    where
+        F: Future<Output = ()> + Send,
+    {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        loop {
+            if self.inner.store.ping().await.is_ok() {
+                self.inner.telemetry.set_database_ok(true);
+                return None;
             }
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!(
-                unfinished = in_flight.len(),
-                deadline = ?config.shutdown_timeout,
-                "shutdown deadline passed; abandoning unfinished messages to redelivery"
-            );
-            // Aborting drops each task's transaction uncommitted; its delivery was
-            // never acked, so the broker redelivers it.
-            in_flight.shutdown().await;
+            tokio::select! {
+                () = shutdown.as_mut() => return Some(SessionEnd::Shutdown),
+                () = session.lost.notified() => return Some(SessionEnd::Lost("a connection closed".into())),
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
         }
-        let _ = channel.close(200, "shutdown".into()).await;
-        let _ = connection.close(200, "shutdown".into()).await;
-        tracing::info!(consumer_name = %config.name, "stopped");
-        ended
+    }
+}
+
+/// One connected period: two connections, the consuming channel, its monitor.
+struct Session {
+    consume: Arc<lapin::Connection>,
+    publish: Arc<lapin::Connection>,
+    channel: lapin::Channel,
+    tag: String,
+    deliveries: lapin::Consumer,
+    publisher: Arc<Publisher>,
+    lost: Arc<tokio::sync::Notify>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl Session {
+    async fn close(self) {
+        self.monitor.abort();
+        if self.channel.status().connected() {
+            let _ = self.channel.close(200, "shutdown".into()).await;
+        }
+        for c in [&self.consume, &self.publish] {
+            if c.status().connected() {
+                let _ = c.close(200, "shutdown".into()).await;
+            }
+        }
+    }
+}
+
+enum SessionEnd {
+    Shutdown,
+    Lost(String),
+}
+
+/// Errors a reconnect cannot fix.
+fn is_fatal(e: &Error) -> bool {
+    match e {
+        Error::Config(_) => true,
+        Error::Broker(b) => b.is_topology_drift(),
+        _ => false,
+    }
+}
+
+/// Waits for in-flight messages up to `deadline`, then abandons the rest to
+/// redelivery: aborting drops each task's transaction uncommitted, and its
+/// delivery was never acked.
+async fn drain(in_flight: &mut JoinSet<()>, deadline: Duration) {
+    let drained = tokio::time::timeout(deadline, async {
+        while let Some(done) = in_flight.join_next().await {
+            log_task_end(done);
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            unfinished = in_flight.len(),
+            ?deadline,
+            "shutdown deadline passed; abandoning unfinished messages to redelivery"
+        );
+        in_flight.shutdown().await;
+    }
+}
+
+/// Watches a session: notices dead connections (the consuming stream may not end
+/// by itself when only the publishing connection dies), reports the blocked state
+/// and the queues' depth.
+async fn monitor(
+    consume: Arc<lapin::Connection>,
+    publish: Arc<lapin::Connection>,
+    telemetry: Telemetry,
+    queues: Vec<String>,
+    queue_interval: Duration,
+    lost: Arc<tokio::sync::Notify>,
+) {
+    let mut last_queue_check: Option<Instant> = None;
+    loop {
+        if !consume.status().connected() || !publish.status().connected() {
+            lost.notify_one();
+            return;
+        }
+        telemetry.set_blocked(publish.status().blocked());
+        if last_queue_check.is_none_or(|t| t.elapsed() >= queue_interval) {
+            last_queue_check = Some(Instant::now());
+            for q in &queues {
+                if let Ok(info) = broker::inspect_queue(&publish, q).await {
+                    telemetry.queue_depth(q, info.ready, info.consumers);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -426,6 +686,28 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
         // panicked. The delivery was not acked, so it is redelivered.
         tracing::error!(error = %e, "message task failed");
     }
+}
+
+/// True if `error` is (or wraps) a lost or unobtainable database connection.
+fn is_database_outage(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = current {
+        if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
+            return matches!(
+                sqlx_error,
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+            ) || sqlx_error
+                .as_database_error()
+                .and_then(|d| d.code())
+                // PostgreSQL's "admin shutdown", "crash shutdown", "cannot connect now".
+                .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"));
+        }
+        if let Some(store_error) = e.downcast_ref::<StoreError>() {
+            return store_error.is_connection_error();
+        }
+        current = e.source();
+    }
+    false
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -478,6 +760,11 @@ impl<S: Store> Inner<S> {
         let received_at = Utc::now();
         let history = History::of(&delivery);
         self.telemetry.in_flight(1.0);
+        if let Some(sent) = *delivery.properties.timestamp() {
+            // Freshness: how long the message waited before reaching a handler.
+            let age = received_at.timestamp() - i64::try_from(sent).unwrap_or(i64::MAX);
+            self.telemetry.message_age(age.max(0) as f64);
+        }
         let (outcome, meta) = match self.prepare(&delivery, &history) {
             Err(invalid) => {
                 let outcome = self
@@ -520,7 +807,12 @@ impl<S: Store> Inner<S> {
                         };
                         let forget_redeliveries =
                             delivery.redelivered && self.counts_redeliveries();
-                        let applied = self.apply(call, &meta, &entry, forget_redeliveries).await;
+                        let applied = self
+                            .watch_duration(
+                                &meta.message_id,
+                                self.apply(call, &meta, &entry, forget_redeliveries),
+                            )
+                            .await;
                         self.settle(publisher, &delivery, &history, applied).await
                     }
                 };
@@ -545,6 +837,29 @@ impl<S: Store> Inner<S> {
         };
         self.telemetry.record(outcome, &fields, started.elapsed());
         self.telemetry.in_flight(-1.0);
+    }
+
+    /// Runs `work`, warning once if it takes longer than the configured share of
+    /// the broker's consumer timeout: past the timeout itself the broker closes
+    /// the channel and the message is redelivered, however well the handler ends.
+    async fn watch_duration<T>(&self, message_id: &str, work: impl Future<Output = T>) -> T {
+        let warn_after = self
+            .config
+            .consumer_timeout
+            .mul_f64(self.config.timeout_warning_share);
+        let mut work = std::pin::pin!(work);
+        tokio::select! {
+            out = &mut work => out,
+            () = tokio::time::sleep(warn_after) => {
+                tracing::warn!(
+                    message_id,
+                    running_for = ?warn_after,
+                    consumer_timeout = ?self.config.consumer_timeout,
+                    "handler is still running; if it outlasts the broker's consumer_timeout the channel is closed and the message redelivered"
+                );
+                work.await
+            }
+        }
     }
 
     /// Classic queues keep no delivery count, so redeliveries are counted in the
@@ -715,13 +1030,22 @@ impl<S: Store> Inner<S> {
                     )
                     .await;
             }
+            Err(Failure::Handler(e)) if e.is_transient() && is_database_outage(e.error()) => {
+                return self
+                    .database_outage(publisher, delivery, &e.to_string())
+                    .await;
+            }
             Err(Failure::Handler(e @ HandlerError::Transient { .. })) => {
                 (e.error().to_string(), e.retry_after_hint())
             }
             Err(Failure::Panic(text)) => (format!("handler panicked: {text}"), None),
-            // A database that cannot be reached is a transient failure like any
-            // other: the message waits in a retry tier instead of spinning here.
-            Err(Failure::Store(e)) => (e.to_string(), None),
+            // warren's own statements failed: the database is down or restarting.
+            // That is no fault of the message, so it costs no attempt.
+            Err(Failure::Store(e)) => {
+                return self
+                    .database_outage(publisher, delivery, &e.to_string())
+                    .await;
+            }
         };
         match self.config.retry.decide(attempt, retry_after) {
             RetryDecision::Retry { delay, attempt } => {
@@ -739,6 +1063,24 @@ impl<S: Store> Inner<S> {
                 .await
             }
         }
+    }
+
+    /// The database is unreachable: pause intake (the consume loop probes until it
+    /// answers) and put this delivery back without using up an attempt.
+    async fn database_outage(
+        &self,
+        publisher: &Publisher,
+        delivery: &Delivery,
+        error: &str,
+    ) -> Outcome {
+        tracing::warn!(
+            message_id = message_id_of(delivery),
+            error,
+            "database unavailable; the message goes back to its queue"
+        );
+        self.telemetry.set_database_ok(false);
+        self.return_to_queue(publisher, delivery).await;
+        Outcome::Returned
     }
 
     async fn ack(&self, delivery: &Delivery) {

@@ -19,14 +19,6 @@ pub enum Error {
     /// A task warren runs (the relay beside a consumer) panicked.
     #[error("internal task failed: {0}")]
     Task(String),
-    /// The broker ended the subscription (queue deleted, connection lost).
-    #[error("the broker ended the subscription to queue {queue:?}: {detail}")]
-    SubscriptionLost {
-        /// The queue consumed from.
-        queue: String,
-        /// What the client reported.
-        detail: String,
-    },
 }
 
 impl Error {

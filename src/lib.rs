@@ -94,7 +94,7 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx};
-pub use telemetry::{ConsumerStats, Outcome, StatsHandle};
+pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
     dead_letter_queue_name, retry_queue_name,

@@ -16,7 +16,7 @@ use chrono::Utc;
 use tokio::sync::Notify;
 
 use crate::Error;
-use crate::broker::{self, BatchItem, BrokerError, Publisher};
+use crate::broker::{self, Backoff, BatchItem, BrokerError, Publisher};
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
 use crate::store::{OutboxStore, StoreError};
@@ -228,7 +228,7 @@ impl<S: OutboxStore> Relay<S> {
             None
         });
         let mut publisher: Option<(Arc<lapin::Connection>, Publisher)> = None;
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), MAX_BACKOFF);
         let mut last_housekeeping = Instant::now();
         let mut stopping = None::<Instant>;
         loop {
@@ -238,18 +238,18 @@ impl<S: OutboxStore> Relay<S> {
                     Ok(c) => {
                         let c = Arc::new(c);
                         publisher = Some((Arc::clone(&c), Publisher::new(c)));
-                        backoff = Duration::from_millis(100);
+                        backoff.reset();
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "relay cannot reach the broker");
+                        let wait = backoff.next_delay();
+                        tracing::warn!(error = %e, retry_in = ?wait, "relay cannot reach the broker");
                         if stopping.is_some() {
                             break;
                         }
                         tokio::select! {
                             () = &mut shutdown => stopping = Some(Instant::now()),
-                            () = tokio::time::sleep(backoff) => {}
+                            () = tokio::time::sleep(wait) => {}
                         }
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
                 }
@@ -259,8 +259,17 @@ impl<S: OutboxStore> Relay<S> {
             let (taken, trouble) = match pass {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(error = %e, "relay cannot read the outbox");
-                    (0, true)
+                    // The database, not the broker: keep the connection and wait.
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?wait, "relay cannot read the outbox");
+                    if stopping.is_some() {
+                        break;
+                    }
+                    tokio::select! {
+                        () = &mut shutdown => stopping = Some(Instant::now()),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    continue;
                 }
             };
             if trouble {
@@ -273,9 +282,8 @@ impl<S: OutboxStore> Relay<S> {
                 }
                 tokio::select! {
                     () = &mut shutdown => stopping = Some(Instant::now()),
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
             if last_housekeeping.elapsed() >= self.config.housekeeping_interval {

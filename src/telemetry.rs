@@ -6,7 +6,7 @@
 //! queue; install any `metrics` recorder to export them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::failure::DeadLetterReason;
@@ -62,9 +62,13 @@ pub struct ConsumerStats {
     pub acks_lost: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
-    consuming: std::sync::atomic::AtomicBool,
+    consuming: AtomicBool,
+    /// Cleared when warren's own statements fail, set again by a successful probe.
+    database_ok: AtomicBool,
+    /// The publishing connection is blocked by a broker memory or disk alarm.
+    blocked: AtomicBool,
     applied: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
@@ -74,15 +78,60 @@ struct Counters {
     acks_lost: AtomicU64,
 }
 
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            consuming: AtomicBool::new(false),
+            database_ok: AtomicBool::new(true),
+            blocked: AtomicBool::new(false),
+            applied: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
+            acks_lost: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a readiness probe needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// Subscribed and taking deliveries: connected to the broker, not starting,
+    /// not draining.
+    pub consuming: bool,
+    /// The database answered warren's last statement or probe.
+    pub database: bool,
+    /// The publishing connection is blocked by a broker resource alarm.
+    pub blocked: bool,
+}
+
+impl Health {
+    /// Ready to do work: consuming, database reachable, not blocked.
+    pub fn is_ready(&self) -> bool {
+        self.consuming && self.database && !self.blocked
+    }
+}
+
 /// A live view of one consumer's counters; cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct StatsHandle(Arc<Counters>);
 
 impl StatsHandle {
     /// True while the consumer is subscribed and taking deliveries (not starting,
-    /// not draining, not stopped): what a readiness probe should report.
+    /// not draining, not stopped).
     pub fn is_consuming(&self) -> bool {
         self.0.consuming.load(Ordering::Relaxed)
+    }
+
+    /// The consumer's health now.
+    pub fn health(&self) -> Health {
+        Health {
+            consuming: self.0.consuming.load(Ordering::Relaxed),
+            database: self.0.database_ok.load(Ordering::Relaxed),
+            blocked: self.0.blocked.load(Ordering::Relaxed),
+        }
     }
 
     /// The counters now.
@@ -142,6 +191,59 @@ impl Telemetry {
 
     pub(crate) fn set_consuming(&self, consuming: bool) {
         self.stats.0.consuming.store(consuming, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_database_ok(&self, ok: bool) {
+        let was = self.stats.0.database_ok.swap(ok, Ordering::Relaxed);
+        if was != ok {
+            if ok {
+                tracing::info!(
+                    consumer_name = &*self.consumer,
+                    "database reachable again; resuming"
+                );
+            } else {
+                tracing::error!(
+                    consumer_name = &*self.consumer,
+                    "database unreachable; pausing intake"
+                );
+            }
+        }
+        metrics::gauge!("consumer_database_up", &self.labels()).set(if ok { 1.0 } else { 0.0 });
+    }
+
+    pub(crate) fn set_blocked(&self, blocked: bool) {
+        let was = self.stats.0.blocked.swap(blocked, Ordering::Relaxed);
+        if was != blocked {
+            if blocked {
+                tracing::warn!(
+                    consumer_name = &*self.consumer,
+                    "broker blocked publishing (resource alarm)"
+                );
+            } else {
+                tracing::info!(
+                    consumer_name = &*self.consumer,
+                    "broker unblocked publishing"
+                );
+            }
+        }
+        metrics::gauge!("rabbitmq_connection_blocked", &self.labels()).set(if blocked {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    pub(crate) fn queue_depth(&self, queue: &str, ready: u32, consumers: u32) {
+        let labels = [
+            ("consumer", self.consumer.to_string()),
+            ("queue", queue.to_owned()),
+        ];
+        metrics::gauge!("rabbitmq_queue_messages_ready", &labels).set(f64::from(ready));
+        metrics::gauge!("rabbitmq_queue_consumers", &labels).set(f64::from(consumers));
+    }
+
+    pub(crate) fn message_age(&self, seconds: f64) {
+        metrics::histogram!("consumer_message_age_seconds", &self.labels()).record(seconds);
     }
 
     pub(crate) fn in_flight(&self, delta: f64) {

@@ -138,6 +138,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// processes at once.
     fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Checks that the database answers.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Begins a transaction that is allowed to write.
     fn begin(&self) -> impl Future<Output = Result<Tx<Self::Db>, StoreError>> + Send;
 

@@ -137,6 +137,11 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn begin(&self) -> Result<Tx<Postgres>, StoreError> {
         Ok(Tx::new(self.pool.begin().await?))
     }

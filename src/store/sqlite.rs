@@ -142,6 +142,11 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn begin(&self) -> Result<Tx<Sqlite>, StoreError> {
         Ok(Tx::new(self.pool.begin_with("BEGIN IMMEDIATE").await?))
     }
