@@ -17,6 +17,7 @@
 //! - `handler`: the handler API: [`Message`], the [`Handler`] trait every `async fn` fits.
 //! - `registry`: the allowlist from `(event type, schema version)` to handler ([`Registry`]).
 //! - `failure`: the failure taxonomy: [`HandlerError`], [`DeadLetterReason`].
+//! - `retention`: how long the inbox must remember, and purging it ([`purge_inbox`]).
 //! - `retry`: delay tiers, attempt and poison limits as data ([`RetryPolicy`]).
 //! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
 //! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
@@ -50,6 +51,7 @@ mod idempotency;
 pub mod outbox;
 mod registry;
 mod relay;
+mod retention;
 mod retry;
 mod shutdown;
 mod store;
@@ -85,6 +87,7 @@ pub use relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
     Relay, RelayConfig, RelayStats, RelayStatsHandle, wake_relay,
 };
+pub use retention::{DEFAULT_REPLAY_MARGIN, PURGE_BATCH, check_window, purge_inbox};
 pub use retry::{
     DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,
 };

@@ -34,6 +34,14 @@ enum Command {
     /// A consumer's dead-letter queue (`QUEUE.dead-letter`).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// The inbox in a database: retention.
+    Inbox {
+        /// postgres://... or sqlite://PATH. The password is never printed.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = parse_database_url)]
+        database_url: DatabaseUrl,
+        #[command(subcommand)]
+        command: InboxCommand,
+    },
     /// The transactional outbox in a database.
     Outbox {
         /// postgres://... or sqlite://PATH. The password is never printed.
@@ -41,6 +49,33 @@ enum Command {
         database_url: DatabaseUrl,
         #[command(subcommand)]
         command: OutboxCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum InboxCommand {
+    /// Delete a consumer's inbox rows older than a window, in bounded batches.
+    /// Refuses a window shorter than the consumer's retry horizon plus the replay
+    /// margin: a copy arriving after its row is gone would be applied again.
+    Purge {
+        /// The consumer name.
+        #[arg(long)]
+        consumer: String,
+        /// Keep rows younger than this, e.g. 30d.
+        #[arg(long, value_parser = warren::parse_delay)]
+        older_than: Duration,
+        /// The consumer's retry tiers, for its retry horizon.
+        #[arg(long, value_delimiter = ',', default_value = "5s,30s,2m,10m,30m", value_parser = warren::parse_delay)]
+        retry_tiers: Vec<Duration>,
+        /// The consumer's total attempts [default: one per tier, plus one].
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// Time to allow for replays and republishing on top of the horizon.
+        #[arg(long, default_value = "7d", value_parser = warren::parse_delay)]
+        replay_margin: Duration,
+        /// Purge even if the window is shorter than horizon plus margin.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -298,6 +333,31 @@ fn print_one(l: &DeadLetter, show_payload: bool) {
     }
 }
 
+/// Opens the store a URL names and runs `$body` with `$store` bound to it. A
+/// missing SQLite file is an error here, not a new empty database.
+macro_rules! with_store {
+    ($url:expr, |$store:ident| $body:expr) => {{
+        let url: &DatabaseUrl = $url;
+        let fail = |e: warren::StoreError| format!("{}: {e}", url.redacted());
+        match url {
+            DatabaseUrl::Postgres(u) => {
+                let $store = PgStore::connect(u, 2).await.map_err(fail)?;
+                $body.await
+            }
+            DatabaseUrl::Sqlite(u) => {
+                let path = u
+                    .trim_start_matches("sqlite://")
+                    .trim_start_matches("sqlite:");
+                if !std::path::Path::new(path).exists() {
+                    return Err(format!("no database at {path}"));
+                }
+                let $store = SqliteStore::connect(u).await.map_err(fail)?;
+                $body.await
+            }
+        }
+    }};
+}
+
 async fn run(cli: Cli) -> Result<(), String> {
     let connect = || async {
         warren::connect(&cli.amqp_url, "warren cli")
@@ -330,30 +390,50 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Outbox {
             database_url,
             command,
-        } => {
-            let fail = |e: warren::StoreError| format!("{}: {e}", database_url.redacted());
-            match &database_url {
-                DatabaseUrl::Postgres(url) => {
-                    let store = PgStore::connect(url, 2).await.map_err(fail)?;
-                    run_outbox(&store, command).await.map_err(fail)?;
-                }
-                DatabaseUrl::Sqlite(url) => {
-                    let path = url
-                        .trim_start_matches("sqlite://")
-                        .trim_start_matches("sqlite:");
-                    if !std::path::Path::new(path).exists() {
-                        return Err(format!("no database at {path}"));
-                    }
-                    let store = SqliteStore::connect(url).await.map_err(fail)?;
-                    run_outbox(&store, command).await.map_err(fail)?;
-                }
-            }
-        }
+        } => with_store!(&database_url, |store| run_outbox(&store, command))?,
+        Command::Inbox {
+            database_url,
+            command,
+        } => with_store!(&database_url, |store| run_inbox(&store, command))?,
     }
     Ok(())
 }
 
-async fn run_outbox<S: OutboxStore>(
+async fn run_inbox<S: OutboxStore>(store: &S, cmd: InboxCommand) -> Result<(), String> {
+    let InboxCommand::Purge {
+        consumer,
+        older_than,
+        retry_tiers,
+        max_attempts,
+        replay_margin,
+        force,
+    } = cmd;
+    let mut policy = RetryPolicy::new(retry_tiers);
+    if let Some(n) = max_attempts {
+        policy = policy.with_max_attempts(n);
+    }
+    policy.validate()?;
+    if let Err(why) = warren::check_window(older_than, &policy, replay_margin) {
+        if !force {
+            return Err(why);
+        }
+        eprintln!("warren: --force: {why}");
+    }
+    let deleted = warren::purge_inbox(store, &consumer, older_than)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "deleted {deleted} inbox row(s) of {consumer:?} older than {}",
+        warren::format_delay(older_than)
+    );
+    Ok(())
+}
+
+async fn run_outbox<S: OutboxStore>(store: &S, cmd: OutboxCommand) -> Result<(), String> {
+    run_outbox_on(store, cmd).await.map_err(|e| e.to_string())
+}
+
+async fn run_outbox_on<S: OutboxStore>(
     store: &S,
     cmd: OutboxCommand,
 ) -> Result<(), warren::StoreError> {

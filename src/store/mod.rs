@@ -153,6 +153,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         entry: &'a InboxEntry<'a>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
+    /// Deletes up to `batch` inbox rows of `consumer` processed before `cutoff`;
+    /// returns how many. Callers loop until fewer than `batch` come back, so no
+    /// single statement holds locks for long.
+    fn purge_inbox<'a>(
+        &'a self,
+        consumer: &'a str,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+
     /// Counts one more redelivery of `message_id` to `consumer`, in its own
     /// committed statement (it must survive the process dying right after), and
     /// returns the count. Used to find poison messages on queues that keep no

@@ -165,6 +165,26 @@ impl Store for PgStore {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+    async fn purge_inbox<'a>(
+        &'a self,
+        consumer: &'a str,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM warren_inbox WHERE (consumer_name, message_id) IN (
+                SELECT consumer_name, message_id FROM warren_inbox
+                WHERE consumer_name = $1 AND processed_at < $2
+                LIMIT $3)",
+        )
+        .bind(consumer)
+        .bind(cutoff)
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn record_redelivery<'a>(
         &'a self,
         consumer: &'a str,

@@ -171,6 +171,26 @@ impl Store for SqliteStore {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+    async fn purge_inbox<'a>(
+        &'a self,
+        consumer: &'a str,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM warren_inbox WHERE rowid IN (
+                SELECT rowid FROM warren_inbox
+                WHERE consumer_name = ? AND processed_at < ?
+                LIMIT ?)",
+        )
+        .bind(consumer)
+        .bind(sqlite_time(cutoff))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn record_redelivery<'a>(
         &'a self,
         consumer: &'a str,
