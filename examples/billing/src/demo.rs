@@ -27,6 +27,7 @@ pub fn demo_settings(prefetch: u16, concurrency: usize) -> Settings {
             Duration::from_secs(1),
         ]),
         queue_type: QueueType::Quorum,
+        consumer_timeout: Duration::from_secs(30 * 60),
     }
 }
 

@@ -27,11 +27,17 @@ async fn metrics(extract::State(state): extract::State<State>) -> String {
     state.metrics.render()
 }
 
-/// Ready while the consumer is subscribed and not draining.
-async fn ready(extract::State(state): extract::State<State>) -> (StatusCode, &'static str) {
-    if state.stats.is_consuming() {
-        (StatusCode::OK, "ready\n")
+/// Ready while the broker and the database are reachable, the consumer is
+/// subscribed and not draining, and publishing is not blocked by a broker alarm.
+async fn ready(extract::State(state): extract::State<State>) -> (StatusCode, String) {
+    let h = state.stats.health();
+    let body = format!(
+        "consuming {}\ndatabase {}\nblocked {}\n",
+        h.consuming, h.database, h.blocked
+    );
+    if h.is_ready() {
+        (StatusCode::OK, body)
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not consuming\n")
+        (StatusCode::SERVICE_UNAVAILABLE, body)
     }
 }

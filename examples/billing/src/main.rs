@@ -5,6 +5,7 @@
 // A binary: `pub` marks what a module offers the rest of the program.
 #![allow(unreachable_pub)]
 
+mod config;
 mod db;
 mod demo;
 mod handlers;
@@ -14,67 +15,64 @@ mod status;
 mod stream;
 
 use std::io::IsTerminal;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use sqlx::{Postgres, Sqlite};
 use warren::{DatabaseUrl, QueueType, RetryPolicy};
 
+use crate::config::{Config, LogFormat};
 use crate::db::{BillingDb, Database};
 use crate::service::{Names, Settings};
 use crate::stream::StreamSpec;
 
 /// warren's reference service: paid invoices and loyalty points, effectively once.
+///
+/// Every setting can come from a flag, its environment variable, or the TOML file
+/// given with --config (keys as the flags, with underscores); flags win over the
+/// file, the file over the defaults.
 #[derive(Parser)]
 #[command(name = "billing", version, about)]
 struct Cli {
-    /// Broker URL.
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
-        global = true,
-        hide_env_values = true
-    )]
-    amqp_url: String,
-    /// Database: postgres://..., sqlite://PATH, or a file path [default: sqlite
+    /// TOML configuration file.
+    #[arg(long, env = "BILLING_CONFIG", global = true)]
+    config: Option<std::path::PathBuf>,
+    /// Broker URL; several, separated by commas, for a cluster [default:
+    /// amqp://guest:guest@127.0.0.1:5672/%2f].
+    #[arg(long, env = "AMQP_URL", global = true, hide_env_values = true)]
+    amqp_url: Option<String>,
+    /// Database: postgres://..., sqlite://PATH, or a file path [default: SQLite
     /// file billing.db here; the demo uses a fresh temporary one].
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, value_parser = parse_database_url)]
-    database_url: Option<DatabaseUrl>,
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
     /// Prefix of the exchange and queues [default: billing; the demo makes a fresh one].
     #[arg(long, env = "BILLING_PREFIX", global = true)]
     prefix: Option<String>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(
-        long,
-        env = "BILLING_HTTP",
-        default_value = "127.0.0.1:9464",
-        global = true
-    )]
-    http: SocketAddr,
-    /// Unacknowledged deliveries the broker may push to this process.
-    #[arg(long, env = "BILLING_PREFETCH", default_value_t = warren::DEFAULT_PREFETCH, global = true)]
-    prefetch: u16,
-    /// Messages processed at once.
-    #[arg(long, env = "BILLING_CONCURRENCY", default_value_t = warren::DEFAULT_CONCURRENCY, global = true)]
-    concurrency: usize,
-    /// Retry delay tiers, comma separated [default: 5s,30s,2m,10m,30m; the demo uses 200ms,500ms,1s].
-    #[arg(long, env = "BILLING_RETRY_TIERS", value_delimiter = ',', value_parser = warren::parse_delay, global = true)]
-    retry_tiers: Vec<Duration>,
-    /// Log format: text on a terminal, JSON otherwise, unless set.
+    /// Address of /metrics, /healthz and /readyz [default: 127.0.0.1:9464].
+    #[arg(long, env = "BILLING_HTTP", global = true)]
+    http: Option<String>,
+    /// Unacknowledged deliveries the broker may push to this process [default: 32].
+    #[arg(long, env = "BILLING_PREFETCH", global = true)]
+    prefetch: Option<u16>,
+    /// Messages processed at once [default: 8].
+    #[arg(long, env = "BILLING_CONCURRENCY", global = true)]
+    concurrency: Option<usize>,
+    /// Retry delay tiers, comma separated [default: 5s,30s,2m,10m,30m; the demo
+    /// uses 200ms,500ms,1s].
+    #[arg(long, env = "BILLING_RETRY_TIERS", global = true)]
+    retry_tiers: Option<String>,
+    /// Log format, text or json [default: text on a terminal, JSON otherwise].
     #[arg(long, env = "BILLING_LOG_FORMAT", global = true)]
-    log_format: Option<LogFormat>,
+    log_format: Option<String>,
+    /// Delete inbox rows older than this, every hour (e.g. 30d) [default: keep].
+    #[arg(long, env = "BILLING_INBOX_RETENTION", global = true)]
+    inbox_retention: Option<String>,
+    /// The broker's consumer_timeout, for the long-handler warning [default: 30m].
+    #[arg(long, env = "BILLING_CONSUMER_TIMEOUT", global = true)]
+    consumer_timeout: Option<String>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -116,31 +114,45 @@ enum Command {
     Status,
 }
 
-fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
-    s.parse()
+impl Cli {
+    /// Flags and variables over the file over the defaults, checked.
+    fn resolve(&self) -> Result<Config, String> {
+        let flags = config::Raw {
+            amqp_url: self.amqp_url.clone(),
+            database_url: self.database_url.clone(),
+            prefix: self.prefix.clone(),
+            http: self.http.clone(),
+            prefetch: self.prefetch,
+            concurrency: self.concurrency,
+            retry_tiers: self.retry_tiers.clone().map(|t| vec![t]),
+            log_format: self.log_format.clone(),
+            inbox_retention: self.inbox_retention.clone(),
+            consumer_timeout: self.consumer_timeout.clone(),
+        };
+        let file = match &self.config {
+            Some(path) => config::Raw::from_file(path)?,
+            None => config::Raw::default(),
+        };
+        Config::resolve(flags.or(file))
+    }
 }
 
-impl Cli {
-    fn settings(&self, default_tiers: RetryPolicy) -> Result<Settings, String> {
-        let retry = if self.retry_tiers.is_empty() {
-            default_tiers
-        } else {
-            RetryPolicy::new(self.retry_tiers.iter().copied())
+impl Config {
+    fn settings(&self, default_tiers: RetryPolicy) -> Settings {
+        let retry = match &self.retry_tiers {
+            Some(tiers) => RetryPolicy::new(tiers.iter().copied()),
+            None => default_tiers,
         };
-        let settings = Settings {
+        Settings {
             prefetch: self.prefetch,
             concurrency: self.concurrency,
             retry,
             queue_type: QueueType::Quorum,
-        };
-        // Every value is checked before anything starts.
-        service::consumer_config(&Names::new("billing"), &settings)
-            .validate()
-            .map_err(|e| e.to_string())?;
-        Ok(settings)
+            consumer_timeout: self.consumer_timeout,
+        }
     }
 
-    fn database_url(&self) -> DatabaseUrl {
+    fn database_url_or_default(&self) -> DatabaseUrl {
         self.database_url
             .clone()
             .unwrap_or_else(|| DatabaseUrl::Sqlite("sqlite://billing.db".into()))
@@ -191,19 +203,26 @@ async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Data
         .map_err(|e| format!("cannot open the database {}: {e}", url.redacted()))
 }
 
-async fn run(cli: Cli) -> Result<bool, String> {
+async fn run(command: Command, cfg: Config) -> Result<bool, String> {
+    let cli = &cfg;
     let pool = u32::try_from(cli.concurrency)
         .unwrap_or(u32::MAX)
         .saturating_add(4);
-    // Every flag is checked before any command touches anything.
-    cli.settings(RetryPolicy::default())?;
-    match &cli.command {
+    match &command {
         Command::Run => {
-            let settings = cli.settings(RetryPolicy::default())?;
+            let settings = cli.settings(RetryPolicy::default());
             let names = cli.names();
-            let db = open(&cli.database_url(), None, pool).await?;
+            let db = open(&cli.database_url_or_default(), None, pool).await?;
             with_store!(db, |store: B| {
-                service::run::<B>(store, &cli.amqp_url, &names, &settings, cli.http).await?;
+                service::run::<B>(
+                    store,
+                    &cli.amqp_url,
+                    &names,
+                    &settings,
+                    cli.http,
+                    cli.inbox_retention,
+                )
+                .await?;
             });
             Ok(true)
         }
@@ -215,7 +234,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
             flaky,
             seed,
         } => {
-            let settings = cli.settings(RetryPolicy::default())?;
+            let settings = cli.settings(RetryPolicy::default());
             let names = cli.names();
             let spec = StreamSpec {
                 count: *count,
@@ -260,7 +279,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
         }
         Command::Status => {
             let names = cli.names();
-            let url = cli.database_url();
+            let url = cli.database_url_or_default();
             if let DatabaseUrl::Sqlite(u) = &url {
                 let path = u
                     .trim_start_matches("sqlite://")
@@ -281,12 +300,12 @@ async fn run(cli: Cli) -> Result<bool, String> {
             status::print(&report);
             Ok(true)
         }
-        Command::Demo { count, keep } => demo_command(&cli, *count, *keep, pool).await,
+        Command::Demo { count, keep } => demo_command(cli, *count, *keep, pool).await,
     }
 }
 
-async fn demo_command(cli: &Cli, count: usize, keep: bool, pool: u32) -> Result<bool, String> {
-    let settings = cli.settings(demo::demo_settings(cli.prefetch, cli.concurrency).retry)?;
+async fn demo_command(cli: &Config, count: usize, keep: bool, pool: u32) -> Result<bool, String> {
+    let settings = cli.settings(demo::demo_settings(cli.prefetch, cli.concurrency).retry);
     let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
     let names = Names::new(
         &cli.prefix
@@ -358,7 +377,7 @@ async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
 }
 
 /// Removes what the demo created: its queues and exchange, and its schema.
-async fn teardown(cli: &Cli, names: &Names, settings: &Settings, schema: Option<&str>) {
+async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Option<&str>) {
     if let Ok(connection) = warren::connect(&cli.amqp_url, "billing demo teardown").await {
         let _ = warren::delete(&connection, &service::topology(names, settings)).await;
         let _ = connection.close(200, "done".into()).await;
@@ -375,6 +394,14 @@ async fn teardown(cli: &Cli, names: &Names, settings: &Settings, schema: Option<
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every setting is checked before any command touches anything.
+    let cfg = match cli.resolve() {
+        Ok(c) => c,
+        Err(message) => {
+            eprintln!("billing: {message}");
+            return ExitCode::from(2);
+        }
+    };
     let level = match cli.command {
         Command::Run => "info",
         // The demo's output is its progress and its table; warren's per-message
@@ -382,7 +409,7 @@ fn main() -> ExitCode {
         Command::Demo { .. } => "off",
         _ => "warn",
     };
-    init_logging(cli.log_format, level);
+    init_logging(cfg.log_format, level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -393,7 +420,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli.command, cfg)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(message) => {

@@ -48,6 +48,7 @@ pub struct Settings {
     pub concurrency: usize,
     pub retry: RetryPolicy,
     pub queue_type: QueueType,
+    pub consumer_timeout: Duration,
 }
 
 /// billing's consumer configuration for `names`.
@@ -58,6 +59,7 @@ pub fn consumer_config(names: &Names, settings: &Settings) -> ConsumerConfig {
         .with_concurrency(settings.concurrency)
         .with_retry(settings.retry.clone())
         .with_queue_type(settings.queue_type)
+        .with_consumer_timeout(settings.consumer_timeout)
 }
 
 /// Everything billing declares: the consumer's topology plus the downstream queue
@@ -137,12 +139,20 @@ pub async fn run<B: BillingDb>(
     names: &Names,
     settings: &Settings,
     http: SocketAddr,
+    inbox_retention: Option<Duration>,
 ) -> Result<(), String> {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let signal = warren::shutdown_signal();
     let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(window) = inbox_retention {
+        tokio::spawn(purge_on_schedule::<B>(
+            store.clone(),
+            window,
+            stop_rx.clone(),
+        ));
+    }
     let running = start::<B>(
         store,
         amqp_url,
@@ -189,5 +199,24 @@ pub async fn run<B: BillingDb>(
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(e) => Err(format!("consumer task failed: {e}")),
+    }
+}
+
+/// Deletes inbox rows past `window` at start and then every hour, until `stop`.
+async fn purge_on_schedule<B: BillingDb>(
+    store: B::S,
+    window: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        match warren::purge_inbox(&store, CONSUMER, window).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "purged inbox rows past retention"),
+            Err(e) => tracing::warn!(error = %e, "inbox purge failed; trying again in an hour"),
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
     }
 }

@@ -1,0 +1,283 @@
+//! billing's configuration: flags, environment variables and a TOML file, checked
+//! in one place. A flag or its variable wins over the file, the file over the
+//! default. A bad value stops the program with a message naming the key.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use warren::{DatabaseUrl, RetryPolicy};
+
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
+
+/// Raw values, as given by flags or environment variables (clap) or the file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Raw {
+    pub amqp_url: Option<String>,
+    pub database_url: Option<String>,
+    pub prefix: Option<String>,
+    pub http: Option<String>,
+    pub prefetch: Option<u16>,
+    pub concurrency: Option<usize>,
+    pub retry_tiers: Option<Vec<String>>,
+    pub log_format: Option<String>,
+    pub inbox_retention: Option<String>,
+    pub consumer_timeout: Option<String>,
+}
+
+impl Raw {
+    /// Reads a TOML file; unknown keys and ill-typed values are errors.
+    pub fn from_file(path: &Path) -> Result<Raw, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("config file {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+
+    /// `self` where set, `other` where not.
+    pub fn or(self, other: Raw) -> Raw {
+        Raw {
+            amqp_url: self.amqp_url.or(other.amqp_url),
+            database_url: self.database_url.or(other.database_url),
+            prefix: self.prefix.or(other.prefix),
+            http: self.http.or(other.http),
+            prefetch: self.prefetch.or(other.prefetch),
+            concurrency: self.concurrency.or(other.concurrency),
+            retry_tiers: self.retry_tiers.or(other.retry_tiers),
+            log_format: self.log_format.or(other.log_format),
+            inbox_retention: self.inbox_retention.or(other.inbox_retention),
+            consumer_timeout: self.consumer_timeout.or(other.consumer_timeout),
+        }
+    }
+}
+
+/// Log output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub amqp_url: String,
+    /// `None`: the command's default (a file `billing.db`; the demo's own).
+    pub database_url: Option<DatabaseUrl>,
+    pub prefix: Option<String>,
+    pub http: SocketAddr,
+    pub prefetch: u16,
+    pub concurrency: usize,
+    /// `None`: the command's default tiers.
+    pub retry_tiers: Option<Vec<Duration>>,
+    pub log_format: Option<LogFormat>,
+    pub inbox_retention: Option<Duration>,
+    pub consumer_timeout: Duration,
+}
+
+fn key<T>(name: &str, r: Result<T, String>) -> Result<T, String> {
+    r.map_err(|e| format!("{name}: {e}"))
+}
+
+impl Config {
+    /// Checks every value; the error names the key and what is allowed.
+    pub fn resolve(raw: Raw) -> Result<Config, String> {
+        let amqp_url = raw.amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.into());
+        for u in amqp_url.split(',').map(str::trim) {
+            if !(u.starts_with("amqp://") || u.starts_with("amqps://")) {
+                return Err(format!(
+                    "amqp_url: {} is not a broker URL; use amqp://user:password@host:port/vhost (several separated by commas)",
+                    warren::redact_url(u)
+                ));
+            }
+        }
+        let database_url = raw
+            .database_url
+            .map(|u| key("database_url", u.parse::<DatabaseUrl>()))
+            .transpose()?;
+        if let Some(p) = &raw.prefix
+            && (p.is_empty() || p.len() > 100 || p.contains(char::is_whitespace))
+        {
+            return Err(format!(
+                "prefix: {p:?} must be 1 to 100 characters without spaces"
+            ));
+        }
+        let http = raw.http.unwrap_or_else(|| DEFAULT_HTTP.into());
+        let http: SocketAddr = http.parse().map_err(|_| {
+            format!("http: {http:?} is not an address; use host:port, e.g. 127.0.0.1:9464")
+        })?;
+        let prefetch = raw.prefetch.unwrap_or(warren::DEFAULT_PREFETCH);
+        if prefetch == 0 {
+            return Err("prefetch: must be at least 1 (0 would mean unlimited)".into());
+        }
+        let concurrency = raw.concurrency.unwrap_or(warren::DEFAULT_CONCURRENCY);
+        if concurrency == 0 || concurrency > usize::from(prefetch) {
+            return Err(format!(
+                "concurrency: must be from 1 to prefetch ({prefetch}), got {concurrency}"
+            ));
+        }
+        let retry_tiers = raw
+            .retry_tiers
+            .map(|tiers| {
+                let parsed = tiers
+                    .iter()
+                    .flat_map(|t| t.split(','))
+                    .map(warren::parse_delay)
+                    .collect::<Result<Vec<_>, _>>();
+                key("retry_tiers", parsed).and_then(|t| {
+                    key(
+                        "retry_tiers",
+                        RetryPolicy::new(t.iter().copied()).validate(),
+                    )
+                    .map(|()| t)
+                })
+            })
+            .transpose()?;
+        let log_format = raw
+            .log_format
+            .map(|f| match f.as_str() {
+                "text" => Ok(LogFormat::Text),
+                "json" => Ok(LogFormat::Json),
+                other => Err(format!("log_format: {other:?} is not text or json")),
+            })
+            .transpose()?;
+        let inbox_retention = raw
+            .inbox_retention
+            .map(|r| key("inbox_retention", warren::parse_delay(&r)))
+            .transpose()?;
+        if let Some(window) = inbox_retention {
+            let policy = retry_tiers
+                .as_ref()
+                .map(|t| RetryPolicy::new(t.iter().copied()))
+                .unwrap_or_default();
+            key(
+                "inbox_retention",
+                warren::check_window(window, &policy, warren::DEFAULT_REPLAY_MARGIN),
+            )?;
+        }
+        let consumer_timeout = key(
+            "consumer_timeout",
+            warren::parse_delay(raw.consumer_timeout.as_deref().unwrap_or("30m")),
+        )?;
+        if consumer_timeout.is_zero() {
+            return Err("consumer_timeout: must be above zero".into());
+        }
+        Ok(Config {
+            amqp_url,
+            database_url,
+            prefix: raw.prefix,
+            http,
+            prefetch,
+            concurrency,
+            retry_tiers,
+            log_format,
+            inbox_retention,
+            consumer_timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(raw: Raw) -> String {
+        Config::resolve(raw).unwrap_err()
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let c = Config::resolve(Raw::default()).unwrap();
+        assert_eq!(c.prefetch, 32);
+        assert_eq!(c.http.to_string(), DEFAULT_HTTP);
+        assert!(c.database_url.is_none());
+    }
+
+    #[test]
+    fn each_bad_value_names_its_key() {
+        let cases = [
+            (
+                Raw {
+                    prefetch: Some(0),
+                    ..Raw::default()
+                },
+                "prefetch:",
+            ),
+            (
+                Raw {
+                    concurrency: Some(64),
+                    ..Raw::default()
+                },
+                "concurrency:",
+            ),
+            (
+                Raw {
+                    http: Some("nowhere".into()),
+                    ..Raw::default()
+                },
+                "http:",
+            ),
+            (
+                Raw {
+                    database_url: Some("mysql://x".into()),
+                    ..Raw::default()
+                },
+                "database_url:",
+            ),
+            (
+                Raw {
+                    retry_tiers: Some(vec!["5x".into()]),
+                    ..Raw::default()
+                },
+                "retry_tiers:",
+            ),
+            (
+                Raw {
+                    log_format: Some("xml".into()),
+                    ..Raw::default()
+                },
+                "log_format:",
+            ),
+            (
+                Raw {
+                    inbox_retention: Some("1h".into()),
+                    ..Raw::default()
+                },
+                "inbox_retention:",
+            ),
+            (
+                Raw {
+                    amqp_url: Some("http://u:secret@h".into()),
+                    ..Raw::default()
+                },
+                "amqp_url:",
+            ),
+        ];
+        for (raw, want) in cases {
+            let e = err(raw);
+            assert!(e.starts_with(want), "{e}");
+            assert!(!e.contains("secret"), "passwords are never printed: {e}");
+        }
+    }
+
+    #[test]
+    fn file_keys_are_checked_and_flags_win() {
+        let file: Raw = toml::from_str("prefetch = 10\nconcurrency = 4\n").unwrap();
+        let flags = Raw {
+            prefetch: Some(20),
+            ..Raw::default()
+        };
+        let c = Config::resolve(flags.or(file)).unwrap();
+        assert_eq!((c.prefetch, c.concurrency), (20, 4));
+        let unknown = toml::from_str::<Raw>("prefech = 10\n")
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("prefech"), "{unknown}");
+        let wrong_type = toml::from_str::<Raw>("prefetch = \"many\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(wrong_type.contains("prefetch"), "{wrong_type}");
+    }
+}
