@@ -442,7 +442,7 @@ pub struct TestBroker {
     pub name: String,
     pub connection: Arc<Connection>,
     pub publisher: Publisher,
-    extra_queues: Mutex<Vec<String>>,
+    pub extra_queues: Mutex<Vec<String>>,
 }
 
 impl TestBroker {

@@ -1,0 +1,259 @@
+//! What operators see and what survives their actions: metrics with the right
+//! values, a queue deleted under a running consumer, inbox retention.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use warren::{Consumer, RelayConfig};
+
+use crate::util::{Backend, Job, Mode, Running, TestBroker, amqp_url, routes, wait_for};
+
+on_both_backends!(
+    metrics_show_what_happened,
+    deleted_queue_is_declared_again_and_consumption_resumes,
+    inbox_purge_refuses_a_short_window_and_deletes_old_rows,
+);
+
+fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .expect("one recorder for the test process")
+    })
+}
+
+/// The value of the series `name` whose labels contain all of `labels`.
+fn value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn metrics_show_what_happened<B: Backend>() {
+    let handle = recorder();
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .config()
+        .with_queue_metrics_interval(Duration::from_millis(200));
+    broker.declare_config(&config).await;
+    broker.capture().await;
+    let mut sent = 0;
+    for _ in 0..8 {
+        let m = TestBroker::message(&Job::ok().emitting(1, &broker.exchange));
+        broker.publish(&m).await;
+        sent += 1;
+        if sent <= 2 {
+            broker.publish(&m).await;
+        }
+    }
+    broker
+        .publish(&TestBroker::message(&Job::with(Mode::Transient { n: 1 })))
+        .await;
+    broker
+        .publish(&TestBroker::message(&Job::with(Mode::Permanent)))
+        .await;
+
+    let consumer = Consumer::new(config.clone(), db.store.clone(), routes::<B>());
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = RelayConfig::new(&config.name).with_poll_interval(Duration::from_millis(100));
+    let task = tokio::spawn(async move {
+        consumer
+            .run_with_relay(&amqp_url(), relay, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let s = stats.snapshot();
+            async move { s.applied == 9 && s.duplicates == 2 && s.dead_lettered == 1 }
+        })
+        .await,
+        "{:?}",
+        stats.snapshot()
+    );
+    let c = format!("consumer=\"{}\"", config.name);
+    let q = format!("queue=\"{}\"", config.queue);
+    // Queue depth and outbox gauges are refreshed on their own schedules.
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            let text = handle.render();
+            value(&text, "rabbitmq_queue_messages_ready", &[&c, &q]) == Some(0.0)
+                && value(&text, "outbox_pending_messages", &[&c]) == Some(0.0)
+        })
+        .await,
+        "{}",
+        handle.render()
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+
+    let text = handle.render();
+    let v = |name: &str, extra: &[&str]| {
+        let mut labels = vec![c.as_str(), q.as_str()];
+        labels.extend_from_slice(extra);
+        value(&text, name, &labels)
+    };
+    assert_eq!(
+        v("consumer_messages_processed_total", &["result=\"applied\""]),
+        Some(9.0),
+        "{text}"
+    );
+    assert_eq!(
+        v(
+            "consumer_messages_processed_total",
+            &["result=\"duplicate\""]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        v("consumer_messages_processed_total", &["result=\"retried\""]),
+        Some(1.0)
+    );
+    assert_eq!(
+        v(
+            "consumer_messages_processed_total",
+            &["result=\"dead-lettered\""]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(v("consumer_duplicates_total", &[]), Some(2.0));
+    assert_eq!(v("consumer_retry_total", &[]), Some(1.0));
+    assert_eq!(
+        v(
+            "consumer_dead_letter_total",
+            &["reason=\"permanent-failure\""]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(v("consumer_in_flight", &[]), Some(0.0));
+    assert_eq!(
+        v("consumer_processing_duration_seconds_count", &[]),
+        Some(13.0),
+        "{text}"
+    );
+    assert_eq!(v("consumer_message_age_seconds_count", &[]), Some(13.0));
+    assert!(v("rabbitmq_queue_consumers", &[]).is_some());
+    assert_eq!(v("rabbitmq_connection_blocked", &[]), Some(0.0));
+    assert_eq!(
+        value(&text, "outbox_published_total", &[&c]),
+        Some(8.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "outbox_oldest_unpublished_age_seconds", &[&c]),
+        Some(0.0)
+    );
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The broker cancels the subscription when its queue is deleted; the consumer
+/// declares the topology again, subscribes again, and carries on.
+async fn deleted_queue_is_declared_again_and_consumption_resumes<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            broker.consumers(&broker.queue).await == 1
+        })
+        .await
+    );
+    assert!(running.stats.health().is_ready());
+
+    broker.delete_queue(&broker.queue).await;
+    // Back: declared again (with its binding) and subscribed.
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            warren::inspect_queue(&broker.connection, &broker.queue)
+                .await
+                .is_ok_and(|i| i.consumers == 1)
+        })
+        .await,
+        "the consumer re-declared its queue and subscribed again"
+    );
+    let after = TestBroker::message(&Job::ok());
+    broker.publish(&after).await;
+    assert!(running.settled(1, Duration::from_secs(30)).await);
+    assert!(running.stats.health().is_ready());
+    running.stop().await.unwrap();
+    assert_eq!(db.effects_for(&after.meta().message_id).await, 1);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+async fn inbox_purge_refuses_a_short_window_and_deletes_old_rows<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    for _ in 0..3 {
+        broker.publish(&TestBroker::message(&Job::ok())).await;
+    }
+    assert!(running.settled(3, Duration::from_secs(30)).await);
+    // The first three rows age past a 1 s window; two more stay young.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..2 {
+        broker.publish(&TestBroker::message(&Job::ok())).await;
+    }
+    assert!(running.settled(5, Duration::from_secs(30)).await);
+    running.stop().await.unwrap();
+
+    let purge = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_warren"));
+        cmd.args([
+            "inbox",
+            "--database-url",
+            &db.url,
+            "purge",
+            "--consumer",
+            &broker.name,
+        ]);
+        cmd.args(extra);
+        cmd.output().unwrap()
+    };
+    let refused = purge(&["--older-than", "1s"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("retry horizon") && why.contains("--force"),
+        "{why}"
+    );
+    assert_eq!(
+        db.inbox(&broker.name).await,
+        5,
+        "nothing deleted when refused"
+    );
+
+    let forced = purge(&["--older-than", "1s", "--force"]);
+    let out = String::from_utf8_lossy(&forced.stdout);
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    assert!(out.contains("deleted 3 inbox row(s)"), "{out}");
+    assert_eq!(db.inbox(&broker.name).await, 2);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
