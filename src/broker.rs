@@ -16,6 +16,9 @@ use tokio::sync::Mutex;
 use crate::envelope::Outgoing;
 use crate::topology::{ArgValue, ExchangeKind, QueueSpec, Topology};
 
+/// How long a connection attempt may take, handshake included.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long to wait for the broker to confirm a publish before calling it failed.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -89,17 +92,24 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
     let mut last = None;
     for u in &urls {
         let props = ConnectionProperties::default().with_connection_name(name.into());
-        match Connection::connect(u, props).await {
-            Ok(c) => return Ok(c),
-            Err(e) => {
+        // A broker that is starting can accept the TCP connection and then not
+        // answer the handshake; without a deadline the connect would wait forever.
+        match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(u, props)).await {
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) => {
                 tracing::warn!(url = %crate::redact_url(u), error = %e, "broker unreachable");
-                last = Some(e);
+                last = Some(BrokerError::Amqp(e));
+            }
+            Err(_) => {
+                tracing::warn!(url = %crate::redact_url(u), "broker did not answer within {CONNECT_TIMEOUT:?}");
+                last = Some(BrokerError::Unavailable(format!(
+                    "{} did not complete the handshake within {CONNECT_TIMEOUT:?}",
+                    crate::redact_url(u)
+                )));
             }
         }
     }
-    Err(BrokerError::Amqp(
-        last.expect("parse_urls returns at least one URL"),
-    ))
+    Err(last.expect("parse_urls returns at least one URL"))
 }
 
 /// Splits a comma-separated list of broker URLs; an empty list is an error.

@@ -339,7 +339,11 @@ impl<S: Store> Consumer<S> {
         let mut in_flight = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
         loop {
-            let session = match self.open_session(amqp_url).await {
+            let opened = tokio::select! {
+                () = &mut shutdown => break,
+                opened = self.open_session(amqp_url) => opened,
+            };
+            let session = match opened {
                 Ok(session) => session,
                 Err(e) if is_fatal(&e) => {
                     drain(&mut in_flight, config.shutdown_timeout).await;
@@ -367,13 +371,11 @@ impl<S: Store> Consumer<S> {
                     // stay unacked and return to the queue when the channel closes.
                     tracing::info!(in_flight = in_flight.len(), "draining");
                     if session.channel.status().connected() {
-                        let _ = session
-                            .channel
-                            .basic_cancel(
-                                session.tag.as_str().into(),
-                                BasicCancelOptions::default(),
-                            )
-                            .await;
+                        let cancel = session.channel.basic_cancel(
+                            session.tag.as_str().into(),
+                            BasicCancelOptions::default(),
+                        );
+                        let _ = tokio::time::timeout(CLOSE_TIMEOUT, cancel).await;
                     }
                     drain(&mut in_flight, config.shutdown_timeout).await;
                     session.close().await;
@@ -566,18 +568,30 @@ struct Session {
 }
 
 impl Session {
+    /// Closes politely, but never waits long: a broker that is shutting down may
+    /// never answer the close, and a reconnect or a shutdown must not hang on it.
     async fn close(self) {
         self.monitor.abort();
-        if self.channel.status().connected() {
-            let _ = self.channel.close(200, "shutdown".into()).await;
-        }
-        for c in [&self.consume, &self.publish] {
-            if c.status().connected() {
-                let _ = c.close(200, "shutdown".into()).await;
+        let close = async {
+            if self.channel.status().connected() {
+                let _ = self.channel.close(200, "shutdown".into()).await;
             }
+            for c in [&self.consume, &self.publish] {
+                if c.status().connected() {
+                    let _ = c.close(200, "shutdown".into()).await;
+                }
+            }
+        };
+        if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
+            tracing::warn!(
+                "the broker did not answer the close within {CLOSE_TIMEOUT:?}; dropping the connections"
+            );
         }
     }
 }
+
+/// How long closing a channel and its connections may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 enum SessionEnd {
     Shutdown,

@@ -32,12 +32,15 @@
 //! - `idempotency`: stable keys for external calls ([`idempotency_key`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
+//! - `chaos`: fault injection into a fleet of processes, invariant reports (feature `chaos`).
 //!
 //! The guide below is the README; its examples compile as doc-tests.
 #![doc = ""]
 #![doc = include_str!("../README.md")]
 
 mod broker;
+#[cfg(feature = "chaos")]
+pub mod chaos;
 mod consumer;
 mod database_url;
 mod dead_letter;
@@ -59,8 +62,8 @@ mod telemetry;
 mod topology;
 
 pub use broker::{
-    BatchItem, BrokerError, CONFIRM_TIMEOUT, Publisher, QueueInfo, connect, declare, delete,
-    inspect_queue,
+    BatchItem, BrokerError, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo, connect,
+    declare, delete, inspect_queue,
 };
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,

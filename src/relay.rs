@@ -275,7 +275,12 @@ impl<S: OutboxStore> Relay<S> {
             if trouble {
                 // Rows stay pending; start over on a fresh connection after a pause.
                 if let Some((c, _)) = publisher.take() {
-                    let _ = c.close(200, "reconnecting".into()).await;
+                    // A broker going down may never answer the close.
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        c.close(200, "reconnecting".into()),
+                    )
+                    .await;
                 }
                 if stopping.is_some() {
                     break;
@@ -308,7 +313,9 @@ impl<S: OutboxStore> Relay<S> {
             }
         }
         if let Some((c, _)) = publisher {
-            let _ = c.close(200, "relay stopped".into()).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), c.close(200, "relay stopped".into()))
+                    .await;
         }
         tracing::info!(relay = %self.config.name, "relay stopped");
         Ok(())

@@ -56,6 +56,23 @@ pub trait BillingDb: warren::Dialect {
 
     /// The store's pool.
     fn pool(store: &Self::S) -> &Pool<Self>;
+
+    /// Facts the chaos campaign checks: distinct message ids among loyalty rows,
+    /// poison invoices recorded, and the outbox's message ids.
+    fn audit(store: &Self::S) -> impl Future<Output = Result<Audit, StoreError>> + Send + '_;
+}
+
+/// What the chaos campaign reads back to check its invariants.
+#[derive(Debug, Clone, Default)]
+pub struct Audit {
+    /// Distinct incoming message ids among the loyalty rows.
+    pub loyalty_messages: i64,
+    /// Invoices recorded for poison messages (must be 0).
+    pub poison_invoices: i64,
+    /// Message ids of every outbox row.
+    pub outbox_ids: Vec<String>,
+    /// Outbox rows not yet published.
+    pub outbox_unpublished: i64,
 }
 
 /// Opens the database a URL names: PostgreSQL (optionally in `schema`) or SQLite.
@@ -194,6 +211,10 @@ impl BillingDb for Postgres {
     fn pool(store: &PgStore) -> &Pool<Postgres> {
         store.pool()
     }
+
+    async fn audit(store: &PgStore) -> Result<Audit, StoreError> {
+        audit_with(store.pool()).await
+    }
 }
 
 impl BillingDb for Sqlite {
@@ -260,4 +281,42 @@ impl BillingDb for Sqlite {
     fn pool(store: &SqliteStore) -> &Pool<Sqlite> {
         store.pool()
     }
+
+    async fn audit(store: &SqliteStore) -> Result<Audit, StoreError> {
+        audit_with(store.pool()).await
+    }
+}
+
+/// The audit queries, the same text in both dialects.
+async fn audit_with<DB>(pool: &Pool<DB>) -> Result<Audit, StoreError>
+where
+    DB: sqlx::Database,
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let one = |sql: &'static str| async move {
+        sqlx::query_as::<DB, (i64,)>(sql)
+            .fetch_one(pool)
+            .await
+            .map(|(n,)| n)
+    };
+    let loyalty_messages = one("SELECT count(DISTINCT message_id) FROM loyalty_points").await?;
+    let poison_invoices =
+        one("SELECT count(*) FROM invoices WHERE invoice_id LIKE 'inv_poison_%'").await?;
+    let outbox_unpublished =
+        one("SELECT count(*) FROM warren_outbox WHERE published_at IS NULL").await?;
+    let outbox_ids = sqlx::query_as::<DB, (String,)>("SELECT message_id FROM warren_outbox")
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|(id,)| id)
+        .collect();
+    Ok(Audit {
+        loyalty_messages,
+        poison_invoices,
+        outbox_ids,
+        outbox_unpublished,
+    })
 }

@@ -5,6 +5,7 @@
 // A binary: `pub` marks what a module offers the rest of the program.
 #![allow(unreachable_pub)]
 
+mod chaos;
 mod config;
 mod db;
 mod demo;
@@ -26,6 +27,8 @@ use crate::config::{Config, LogFormat};
 use crate::db::{BillingDb, Database};
 use crate::service::{Names, Settings};
 use crate::stream::StreamSpec;
+
+use std::time::Duration;
 
 /// warren's reference service: paid invoices and loyalty points, effectively once.
 ///
@@ -112,6 +115,47 @@ enum Command {
     },
     /// Counts from the database and the queues.
     Status,
+    /// Several `billing run` processes, a stream, and faults at random from a
+    /// seed; then the invariants. Needs a build with --features failpoints.
+    Chaos {
+        /// Unique invoices to publish.
+        #[arg(long, default_value_t = 20_000)]
+        count: usize,
+        /// `billing run` processes sharing the database.
+        #[arg(long, default_value_t = 3)]
+        processes: usize,
+        /// Seed of the stream and the fault schedule [default: random].
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Mean pause between faults.
+        #[arg(long, default_value = "1500ms", value_parser = warren::parse_delay)]
+        fault_interval: Duration,
+        /// Probability of each crash point when armed.
+        #[arg(long, default_value_t = 0.01)]
+        crash_probability: f64,
+        /// Never stop and start the broker application.
+        #[arg(long)]
+        no_broker_restarts: bool,
+        /// Stop injecting faults after this long.
+        #[arg(long, default_value = "5m", value_parser = warren::parse_delay)]
+        max_fault_time: Duration,
+        /// Publish at most this many messages per second, e.g. 100/s, so the
+        /// stream flows for a while under faults [default: as fast as possible].
+        #[arg(long, value_parser = parse_rate)]
+        publish_rate: Option<f64>,
+        /// Keep the campaign's queues and database.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.strip_suffix("/s").unwrap_or(s).parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a rate: use a positive number per second, e.g. 100/s"
+        )),
+    }
 }
 
 impl Cli {
@@ -210,6 +254,8 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
         .saturating_add(4);
     match &command {
         Command::Run => {
+            // Installed before anything else, so a SIGTERM during start-up drains.
+            let signal = warren::shutdown_signal();
             let settings = cli.settings(RetryPolicy::default());
             let names = cli.names();
             let db = open(&cli.database_url_or_default(), None, pool).await?;
@@ -221,6 +267,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                     &settings,
                     cli.http,
                     cli.inbox_retention,
+                    signal,
                 )
                 .await?;
             });
@@ -301,6 +348,44 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             Ok(true)
         }
         Command::Demo { count, keep } => demo_command(cli, *count, *keep, pool).await,
+        Command::Chaos {
+            count,
+            processes,
+            seed,
+            fault_interval,
+            crash_probability,
+            no_broker_restarts,
+            max_fault_time,
+            publish_rate,
+            keep,
+        } => {
+            if *processes == 0 || *count == 0 {
+                return Err("--processes and --count must be at least 1".into());
+            }
+            if !(0.0..=1.0).contains(crash_probability) {
+                return Err(format!(
+                    "--crash-probability is from 0 to 1, got {crash_probability}"
+                ));
+            }
+            let mut mix = warren::chaos::FaultMix {
+                mean_interval: *fault_interval,
+                crash_probability: *crash_probability,
+                ..warren::chaos::FaultMix::default()
+            };
+            if *no_broker_restarts {
+                mix.weights[4] = 0;
+            }
+            let spec = chaos::ChaosSpec {
+                count: *count,
+                processes: *processes,
+                seed: seed.unwrap_or_else(|| fastrand::u64(..)),
+                mix,
+                max_fault_time: *max_fault_time,
+                drain_deadline: Duration::from_secs(300),
+                publish_rate: *publish_rate,
+            };
+            chaos_command(cli, &spec, *keep, pool).await
+        }
     }
 }
 
@@ -322,26 +407,8 @@ async fn demo_command(cli: &Config, count: usize, keep: bool, pool: u32) -> Resu
     };
     spec.validate()?;
 
-    // Fresh state: a temporary SQLite file, or a schema of its own on PostgreSQL.
-    let temp = tempdir()?;
-    let (db, schema) = match &cli.database_url {
-        None => {
-            let path = temp.join("billing-demo.db");
-            let url = DatabaseUrl::Sqlite(format!("sqlite://{}", path.display()));
-            println!("database: SQLite {}", path.display());
-            (open(&url, None, pool).await?, None)
-        }
-        Some(url @ DatabaseUrl::Postgres(_)) => {
-            let schema = format!("billing_demo_{tag}");
-            create_schema(url, &schema).await?;
-            println!("database: PostgreSQL {} (schema {schema})", url.redacted());
-            (open(url, Some(&schema), pool).await?, Some(schema))
-        }
-        Some(url) => {
-            println!("database: {}", url.redacted());
-            (open(url, None, pool).await?, None)
-        }
-    };
+    let fresh = fresh_database(cli, tag, pool).await?;
+    let (db, schema, temp) = (fresh.db, fresh.schema, fresh.temp);
     let passed = with_store!(db, |store: B| {
         let passed = demo::run::<B>(store.clone(), &cli.amqp_url, &names, &settings, &spec).await;
         if !keep {
@@ -354,6 +421,104 @@ async fn demo_command(cli: &Config, count: usize, keep: bool, pool: u32) -> Resu
     } else {
         teardown(cli, &names, &settings, schema.as_deref()).await;
         let _ = std::fs::remove_dir_all(&temp);
+    }
+    passed
+}
+
+/// A database with nothing in it: a temporary SQLite file, or a schema of its
+/// own on PostgreSQL.
+struct Fresh {
+    db: Database,
+    /// A URL other processes can open the same database with.
+    url: String,
+    schema: Option<String>,
+    temp: std::path::PathBuf,
+}
+
+async fn fresh_database(cli: &Config, tag: &str, pool: u32) -> Result<Fresh, String> {
+    let temp = tempdir()?;
+    match &cli.database_url {
+        None => {
+            let path = temp.join("billing.db");
+            let url = format!("sqlite://{}", path.display());
+            println!("database: SQLite {}", path.display());
+            let db = open(&DatabaseUrl::Sqlite(url.clone()), None, pool).await?;
+            Ok(Fresh {
+                db,
+                url,
+                schema: None,
+                temp,
+            })
+        }
+        Some(url @ DatabaseUrl::Postgres(u)) => {
+            let schema = format!("billing_{tag}");
+            create_schema(url, &schema).await?;
+            println!("database: PostgreSQL {} (schema {schema})", url.redacted());
+            let db = open(url, Some(&schema), pool).await?;
+            let sep = if u.contains('?') { '&' } else { '?' };
+            let child = format!("{u}{sep}options=-c%20search_path%3D{schema}");
+            Ok(Fresh {
+                db,
+                url: child,
+                schema: Some(schema),
+                temp,
+            })
+        }
+        Some(url) => {
+            println!("database: {}", url.redacted());
+            let db = open(url, None, pool).await?;
+            Ok(Fresh {
+                db,
+                url: url.as_str().to_owned(),
+                schema: None,
+                temp,
+            })
+        }
+    }
+}
+
+async fn chaos_command(
+    cli: &Config,
+    spec: &chaos::ChaosSpec,
+    keep: bool,
+    pool: u32,
+) -> Result<bool, String> {
+    let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
+    let names = Names::new(
+        &cli.prefix
+            .clone()
+            .unwrap_or_else(|| format!("billing-chaos-{tag}")),
+    );
+    let mut tiers = RetryPolicy::new(
+        chaos::TIERS
+            .split(',')
+            .map(|t| warren::parse_delay(t).expect("valid tiers")),
+    );
+    // The retry policy must match the processes' (the topology is derived from it).
+    tiers = tiers.with_poison_limit(warren::DEFAULT_POISON_LIMIT);
+    let settings = Settings {
+        retry: tiers.clone(),
+        ..cli.settings(tiers)
+    };
+    let fresh = fresh_database(cli, &format!("chaos_{tag}"), pool).await?;
+    let url = fresh.url.clone();
+    let passed = with_store!(fresh.db, |store: B| {
+        let passed =
+            chaos::run::<B>(store.clone(), url, &cli.amqp_url, &names, &settings, spec).await;
+        if !keep {
+            B::pool(&store).close().await;
+        }
+        passed
+    });
+    if keep {
+        println!(
+            "kept: prefix {:?}, database {}",
+            names.prefix,
+            warren::redact_url(&fresh.url)
+        );
+    } else {
+        teardown(cli, &names, &settings, fresh.schema.as_deref()).await;
+        let _ = std::fs::remove_dir_all(&fresh.temp);
     }
     passed
 }
@@ -406,7 +571,7 @@ fn main() -> ExitCode {
         Command::Run => "info",
         // The demo's output is its progress and its table; warren's per-message
         // logs (RUST_LOG=warren=info) would drown them.
-        Command::Demo { .. } => "off",
+        Command::Demo { .. } | Command::Chaos { .. } => "off",
         _ => "warn",
     };
     init_logging(cfg.log_format, level);

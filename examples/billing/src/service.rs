@@ -1,6 +1,7 @@
 //! `billing run`: the consumer, the outbox relay and the HTTP endpoints, until
 //! SIGTERM or SIGINT.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,11 +141,11 @@ pub async fn run<B: BillingDb>(
     settings: &Settings,
     http: SocketAddr,
     inbox_retention: Option<Duration>,
+    signal: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    let signal = warren::shutdown_signal();
     let (stop_tx, stop_rx) = watch::channel(false);
     if let Some(window) = inbox_retention {
         tokio::spawn(purge_on_schedule::<B>(

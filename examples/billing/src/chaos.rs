@@ -1,0 +1,360 @@
+//! `billing chaos`: several `billing run` processes on one database, a stream of
+//! invoices, and faults at random (from a seed) while it flows; then the
+//! invariants, PASS or FAIL each.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use warren::chaos::{Campaign, Check, FaultMix, Fleet, Report};
+use warren::{DeadLetterQueue, OutboxStore};
+
+use crate::db::BillingDb;
+use crate::handlers::CONSUMER;
+use crate::service::{self, Names, Settings};
+use crate::stream::{self, Plan, StreamSpec};
+
+/// What `billing chaos` was asked for.
+#[derive(Debug, Clone)]
+pub struct ChaosSpec {
+    pub count: usize,
+    pub processes: usize,
+    pub seed: u64,
+    pub mix: FaultMix,
+    /// Faults stop after this long even if the stream has not been applied yet.
+    pub max_fault_time: Duration,
+    /// How long the quiet phase may take to drain everything.
+    pub drain_deadline: Duration,
+    /// Messages published per second (`None`: as fast as the broker takes them),
+    /// so the stream flows for a while under faults.
+    pub publish_rate: Option<f64>,
+}
+
+/// The retry tiers of the campaign's processes: short, so retries finish quickly.
+pub const TIERS: &str = "100ms,200ms,400ms";
+
+/// Publishes the plan, surviving broker faults: a chunk whose publish failed is
+/// published again on a new connection (its messages keep their ids, so any copy
+/// that did get through is a duplicate the inbox absorbs).
+async fn publish_through_faults(
+    amqp_url: String,
+    exchange: String,
+    plan: Arc<Plan>,
+    rate: Option<f64>,
+) -> Result<(), String> {
+    const CHUNK: usize = 50;
+    let mut connection: Option<Arc<warren::lapin::Connection>> = None;
+    let mut pace = rate.map(|r| {
+        let mut i = tokio::time::interval(Duration::from_secs_f64(CHUNK as f64 / r));
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    for chunk in plan.messages.chunks(CHUNK) {
+        if let Some(p) = pace.as_mut() {
+            p.tick().await;
+        }
+        let mut tries = 0;
+        loop {
+            if connection.as_ref().is_none_or(|c| !c.status().connected()) {
+                connection = warren::connect(&amqp_url, "billing chaos publisher")
+                    .await
+                    .ok()
+                    .map(Arc::new);
+            }
+            let ok = match &connection {
+                Some(c) => {
+                    let publisher = warren::Publisher::new(Arc::clone(c));
+                    let items: Vec<_> = chunk
+                        .iter()
+                        .map(|m| warren::BatchItem {
+                            exchange: &exchange,
+                            routing_key: &m.routing_key,
+                            body: &m.body,
+                            properties: m.properties.clone(),
+                        })
+                        .collect();
+                    publisher
+                        .publish_batch(&items)
+                        .await
+                        .iter()
+                        .all(Result::is_ok)
+                }
+                None => false,
+            };
+            if ok {
+                break;
+            }
+            tries += 1;
+            if tries > 600 {
+                return Err("the publisher could not get a chunk through in 5 minutes".into());
+            }
+            connection = None;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the campaign; returns whether every invariant held.
+#[allow(clippy::print_stdout)]
+pub async fn run<B: BillingDb>(
+    store: B::S,
+    child_db_url: String,
+    amqp_url: &str,
+    names: &Names,
+    settings: &Settings,
+    spec: &ChaosSpec,
+) -> Result<bool, String> {
+    if !cfg!(feature = "failpoints") {
+        return Err(
+            "billing chaos arms crash points: build it with --features failpoints \
+             (cargo run --release -p billing --features failpoints -- chaos)"
+                .into(),
+        );
+    }
+    let started = Instant::now();
+    B::create_tables(&store).await.map_err(|e| e.to_string())?;
+    warren::Store::migrate(&store)
+        .await
+        .map_err(|e| e.to_string())?;
+    service::declare(amqp_url, names, settings).await?;
+
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (prefix, url, amqp) = (names.prefix.clone(), child_db_url, amqp_url.to_owned());
+    let mut fleet = Fleet::new(spec.processes, move |_| {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.args([
+            "--amqp-url",
+            &amqp,
+            "--prefix",
+            &prefix,
+            "--database-url",
+            &url,
+            "--http",
+            "127.0.0.1:0",
+            "--retry-tiers",
+            TIERS,
+            "--log-format",
+            "json",
+            "run",
+        ])
+        .env("RUST_LOG", "info");
+        cmd
+    })
+    .with_ready_line("\"consuming\"");
+    fleet.start_all(None).await?;
+
+    let plan = Arc::new(stream::plan(&StreamSpec {
+        count: spec.count,
+        duplicates: 0.1,
+        v2: 0.3,
+        poison: (spec.count / 500).max(5),
+        flaky: (spec.count / 1000).max(3).min(spec.count),
+        seed: spec.seed,
+    }));
+    let e = plan.expected.clone();
+    println!(
+        "chaos: seed {}, {} processes, {} deliveries ({} valid invoices, {} duplicate copies, {} poison, {} flaky)",
+        spec.seed,
+        spec.processes,
+        e.published,
+        e.valid,
+        e.duplicates,
+        e.poison.values().sum::<usize>(),
+        e.flaky
+    );
+    let publisher = tokio::spawn(publish_through_faults(
+        amqp_url.to_owned(),
+        names.exchange(),
+        Arc::clone(&plan),
+        spec.publish_rate,
+    ));
+
+    // Faults while the stream flows.
+    let mut campaign = Campaign::new(spec.seed, spec.mix.clone());
+    let fault_start = Instant::now();
+    loop {
+        let kind = campaign.inject(&mut fleet).await?;
+        let applied = B::counts(&store, CONSUMER)
+            .await
+            .map(|c| c.inbox_rows)
+            .unwrap_or(0);
+        println!(
+            "  {:>6.1} s  {:<28} applied {applied}/{}",
+            started.elapsed().as_secs_f64(),
+            kind.as_str(),
+            e.valid
+        );
+        let most_applied = applied as usize * 10 >= e.valid * 9;
+        if (publisher.is_finished() && most_applied) || fault_start.elapsed() > spec.max_fault_time
+        {
+            break;
+        }
+    }
+    publisher
+        .await
+        .map_err(|e| format!("publisher task failed: {e}"))??;
+
+    // Quiet phase: every process restarted cleanly, no crash points, no faults.
+    fleet.revive(None).await?;
+    fleet.restart_all(None).await?;
+    println!(
+        "  {:>6.1} s  quiet phase: draining",
+        started.elapsed().as_secs_f64()
+    );
+    let connection = Arc::new(
+        warren::connect(amqp_url, "billing chaos checks")
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let tiers: Vec<String> = settings
+        .retry
+        .tiers()
+        .iter()
+        .map(|d| warren::retry_queue_name(&names.queue(), *d))
+        .collect();
+    let drain_start = Instant::now();
+    let settled = loop {
+        let counts = B::counts(&store, CONSUMER)
+            .await
+            .map_err(|e| e.to_string())?;
+        let pending = store.outbox_status().await.map(|o| o.pending).unwrap_or(-1);
+        let mut queued = 0;
+        for q in std::iter::once(names.queue()).chain(tiers.iter().cloned()) {
+            queued += warren::inspect_queue(&connection, &q)
+                .await
+                .map(|i| i.ready)
+                .unwrap_or(1);
+        }
+        if counts.inbox_rows as usize >= e.valid && pending == 0 && queued == 0 {
+            break true;
+        }
+        if drain_start.elapsed() > spec.drain_deadline {
+            break false;
+        }
+        fleet.revive(None).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    fleet.stop_all().await?;
+
+    // The invariants.
+    let counts = B::counts(&store, CONSUMER)
+        .await
+        .map_err(|e| e.to_string())?;
+    let audit = B::audit(&store).await.map_err(|e| e.to_string())?;
+    let mut dead = std::collections::BTreeMap::<String, usize>::new();
+    for letter in DeadLetterQueue::new(Arc::clone(&connection), &names.queue())
+        .list(usize::MAX)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        *dead.entry(letter.reason().to_owned()).or_default() += 1;
+    }
+    let mut leftover = Vec::new();
+    for q in std::iter::once(names.queue()).chain(tiers.iter().cloned()) {
+        let ready = warren::inspect_queue(&connection, &q)
+            .await
+            .map_err(|e| e.to_string())?;
+        if ready.ready > 0 {
+            leftover.push(format!("{q}: {}", ready.ready));
+        }
+    }
+    let captured = drain_ids(&connection, &names.recorded_queue()).await?;
+    let captured_ids: HashSet<&str> = captured.iter().map(String::as_str).collect();
+    let outbox_ids: HashSet<&str> = audit.outbox_ids.iter().map(String::as_str).collect();
+    let valid = e.valid as i64;
+    let checks = vec![
+        Check::new(
+            "the stream drained after the faults",
+            settled,
+            format!("within {} s", spec.drain_deadline.as_secs()),
+        ),
+        Check::new(
+            "every unique valid message applied exactly once",
+            counts.inbox_rows == valid
+                && counts.invoices_paid == valid
+                && counts.loyalty_rows == valid
+                && audit.loyalty_messages == valid
+                && counts.loyalty_sum == e.loyalty_sum,
+            format!(
+                "inbox {} · invoices {} · loyalty rows {} for {} messages · points {} (expected {valid} each, {} points)",
+                counts.inbox_rows,
+                counts.invoices_paid,
+                counts.loyalty_rows,
+                audit.loyalty_messages,
+                counts.loyalty_sum,
+                e.loyalty_sum
+            ),
+        ),
+        Check::new(
+            "every poison message dead-lettered with its reason, none applied",
+            dead == e.poison && audit.poison_invoices == 0,
+            format!(
+                "dead letters {dead:?} (expected {:?}); poison invoices recorded {}",
+                e.poison, audit.poison_invoices
+            ),
+        ),
+        Check::new(
+            "nothing left ready or unacked in any queue",
+            leftover.is_empty(),
+            if leftover.is_empty() {
+                "main queue and retry tiers empty after every process stopped".to_owned()
+            } else {
+                leftover.join(", ")
+            },
+        ),
+        Check::new(
+            "one distinct outbox event per applied message, each published and seen once after dedup",
+            audit.outbox_ids.len() as i64 == valid
+                && outbox_ids.len() as i64 == valid
+                && audit.outbox_unpublished == 0
+                && captured_ids == outbox_ids,
+            format!(
+                "outbox rows {} ({} distinct, {} unpublished); captured {} deliveries of {} distinct ids",
+                audit.outbox_ids.len(),
+                outbox_ids.len(),
+                audit.outbox_unpublished,
+                captured.len(),
+                captured_ids.len()
+            ),
+        ),
+    ];
+    let report = Report::new(&campaign, &fleet, checks, started.elapsed());
+    println!("{report}");
+    let _ = connection.close(200, "chaos done".into()).await;
+    Ok(report.passed())
+}
+
+/// Reads every message id from a queue, acking as it goes.
+async fn drain_ids(
+    connection: &warren::lapin::Connection,
+    queue: &str,
+) -> Result<Vec<String>, String> {
+    use warren::lapin::options::{BasicAckOptions, BasicGetOptions};
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut ids = Vec::new();
+    while let Some(got) = channel
+        .basic_get(queue.into(), BasicGetOptions::default())
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        ids.push(
+            got.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        );
+        got.delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let _ = channel.close(200, "drained".into()).await;
+    Ok(ids)
+}
