@@ -13,6 +13,7 @@ on_both_backends!(
     metrics_show_what_happened,
     deleted_queue_is_declared_again_and_consumption_resumes,
     inbox_purge_refuses_a_short_window_and_deletes_old_rows,
+    shutdown_completes_when_the_broker_stops_answering,
 );
 
 fn recorder() -> &'static PrometheusHandle {
@@ -254,6 +255,61 @@ async fn inbox_purge_refuses_a_short_window_and_deletes_old_rows<B: Backend>() {
     assert!(out.contains("deleted 3 inbox row(s)"), "{out}");
     assert_eq!(db.inbox(&broker.name).await, 2);
 
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Regression (found by the chaos campaign): a broker that accepts the TCP
+/// connection but never answers the handshake, as one that is starting up, made
+/// `connect` wait forever.
+#[tokio::test]
+async fn connect_gives_up_on_a_broker_that_never_answers() {
+    let proxy = crate::util::Proxy::start().await;
+    proxy.freeze();
+    let attempt = tokio::time::timeout(
+        warren::CONNECT_TIMEOUT + Duration::from_secs(20),
+        warren::connect(&proxy.url(), "frozen"),
+    )
+    .await
+    .expect("connect returns instead of hanging");
+    let err = attempt.expect_err("nothing answered");
+    assert!(err.to_string().contains("handshake"), "{err}");
+}
+
+/// Regression (found by the chaos campaign): with the broker no longer answering,
+/// closing the channel and connections waited forever for the broker's reply, so
+/// a graceful stop hung. It now gives up on the close and returns.
+async fn shutdown_completes_when_the_broker_stops_answering<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let proxy = crate::util::Proxy::start().await;
+    let consumer = Consumer::new(broker.config(), db.store.clone(), routes::<B>());
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let url = proxy.url();
+    let task = tokio::spawn(async move {
+        consumer
+            .run(&url, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let s = stats.clone();
+            async move { s.is_consuming() }
+        })
+        .await
+    );
+    proxy.freeze();
+    let _ = stop.send(());
+    let ended = tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("run returns although the broker does not answer the close");
+    ended.unwrap().unwrap();
+
+    drop(proxy);
     broker.cleanup().await;
     db.drop_db().await;
 }

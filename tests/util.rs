@@ -669,32 +669,49 @@ macro_rules! on_both_backends {
     };
 }
 
-/// A TCP proxy in front of the broker that can be taken down and brought back, to
-/// make the broker unreachable for one client without touching the shared broker.
+/// A TCP proxy in front of the broker that can be taken down and brought back, or
+/// frozen (connections stay open and nothing passes, like a broker that stopped
+/// answering), to fault one client without touching the shared broker.
 pub struct Proxy {
     pub port: u16,
-    up: Arc<std::sync::atomic::AtomicBool>,
+    mode: Arc<std::sync::atomic::AtomicU8>,
     kill: tokio::sync::watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
+const UP: u8 = 0;
+const DOWN: u8 = 1;
+const FROZEN: u8 = 2;
+
 impl Proxy {
     pub async fn start() -> Proxy {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::{AtomicU8, Ordering};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let up = Arc::new(AtomicBool::new(true));
+        let mode = Arc::new(AtomicU8::new(UP));
         let (kill, _) = tokio::sync::watch::channel(0u64);
-        let up2 = Arc::clone(&up);
+        let mode2 = Arc::clone(&mode);
         let kill2 = kill.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
                     continue;
                 };
-                if !up2.load(Ordering::SeqCst) {
-                    drop(client); // refused, as a stopped broker would
-                    continue;
+                match mode2.load(Ordering::SeqCst) {
+                    DOWN => {
+                        drop(client); // refused, as a stopped broker would
+                        continue;
+                    }
+                    FROZEN => {
+                        // Accepted and never answered.
+                        let mut killed = kill2.subscribe();
+                        tokio::spawn(async move {
+                            let _ = killed.changed().await;
+                            drop(client);
+                        });
+                        continue;
+                    }
+                    _ => {}
                 }
                 let mut killed = kill2.subscribe();
                 tokio::spawn(async move {
@@ -704,14 +721,17 @@ impl Proxy {
                     };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = killed.changed() => {}
+                        _ = killed.changed() => {
+                            // Frozen: keep both ends open, pass nothing.
+                            let _ = killed.changed().await;
+                        }
                     }
                 });
             }
         });
         Proxy {
             port,
-            up,
+            mode,
             kill,
             task,
         }
@@ -723,12 +743,21 @@ impl Proxy {
 
     /// Cuts every connection and refuses new ones.
     pub fn down(&self) {
-        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.mode.store(DOWN, std::sync::atomic::Ordering::SeqCst);
+        // Twice: frozen connections wait for a second signal before closing.
+        self.kill.send_modify(|n| *n += 1);
+        self.kill.send_modify(|n| *n += 1);
+    }
+
+    /// Stops passing bytes on every connection without closing any, and accepts
+    /// new ones without ever answering.
+    pub fn freeze(&self) {
+        self.mode.store(FROZEN, std::sync::atomic::Ordering::SeqCst);
         self.kill.send_modify(|n| *n += 1);
     }
 
     pub fn up(&self) {
-        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.mode.store(UP, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
