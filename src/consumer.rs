@@ -865,6 +865,7 @@ impl<S: Store> Inner<S> {
         tokio::select! {
             out = &mut work => out,
             () = tokio::time::sleep(warn_after) => {
+                self.telemetry.slow_handler();
                 tracing::warn!(
                     message_id,
                     running_for = ?warn_after,

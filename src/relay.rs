@@ -243,12 +243,8 @@ impl<S: OutboxStore> Relay<S> {
                     Err(e) => {
                         let wait = backoff.next_delay();
                         tracing::warn!(error = %e, retry_in = ?wait, "relay cannot reach the broker");
-                        if stopping.is_some() {
+                        if !pause(&mut shutdown, &mut stopping, wait).await {
                             break;
-                        }
-                        tokio::select! {
-                            () = &mut shutdown => stopping = Some(Instant::now()),
-                            () = tokio::time::sleep(wait) => {}
                         }
                         continue;
                     }
@@ -262,12 +258,8 @@ impl<S: OutboxStore> Relay<S> {
                     // The database, not the broker: keep the connection and wait.
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "relay cannot read the outbox");
-                    if stopping.is_some() {
+                    if !pause(&mut shutdown, &mut stopping, wait).await {
                         break;
-                    }
-                    tokio::select! {
-                        () = &mut shutdown => stopping = Some(Instant::now()),
-                        () = tokio::time::sleep(wait) => {}
                     }
                     continue;
                 }
@@ -282,12 +274,8 @@ impl<S: OutboxStore> Relay<S> {
                     )
                     .await;
                 }
-                if stopping.is_some() {
+                if !pause(&mut shutdown, &mut stopping, backoff.next_delay()).await {
                     break;
-                }
-                tokio::select! {
-                    () = &mut shutdown => stopping = Some(Instant::now()),
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
                 }
                 continue;
             }
@@ -306,7 +294,7 @@ impl<S: OutboxStore> Relay<S> {
             }
             self.report_backlog().await;
             tokio::select! {
-                () = &mut shutdown => stopping = Some(Instant::now()),
+                () = shutdown.as_mut() => stopping = Some(Instant::now()),
                 () = WAKE.notified() => {}
                 () = wait_for_notification(&mut listener) => {}
                 () = tokio::time::sleep(self.config.poll_interval) => {}
@@ -353,6 +341,23 @@ impl<S: OutboxStore> Relay<S> {
                 .set(status.oldest_pending_age_seconds(Utc::now()));
         }
     }
+}
+
+/// Waits `wait`, or until shutdown is asked for (which starts the final pass).
+/// `false` if the relay is already stopping and should not wait at all.
+async fn pause<F: Future<Output = ()>>(
+    shutdown: &mut std::pin::Pin<&mut F>,
+    stopping: &mut Option<Instant>,
+    wait: Duration,
+) -> bool {
+    if stopping.is_some() {
+        return false;
+    }
+    tokio::select! {
+        () = shutdown.as_mut() => *stopping = Some(Instant::now()),
+        () = tokio::time::sleep(wait) => {}
+    }
+    true
 }
 
 async fn wait_for_notification(listener: &mut Option<crate::store::OutboxListener>) {

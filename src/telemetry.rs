@@ -242,6 +242,10 @@ impl Telemetry {
         metrics::gauge!("rabbitmq_queue_consumers", &labels).set(f64::from(consumers));
     }
 
+    pub(crate) fn slow_handler(&self) {
+        metrics::counter!("consumer_slow_handlers_total", &self.labels()).increment(1);
+    }
+
     pub(crate) fn message_age(&self, seconds: f64) {
         metrics::histogram!("consumer_message_age_seconds", &self.labels()).record(seconds);
     }

@@ -14,7 +14,43 @@ on_both_backends!(
     deleted_queue_is_declared_again_and_consumption_resumes,
     inbox_purge_refuses_a_short_window_and_deletes_old_rows,
     shutdown_completes_when_the_broker_stops_answering,
+    a_handler_nearing_the_consumer_timeout_is_reported,
 );
+
+/// A handler that runs past the warning share of the broker's consumer timeout
+/// is logged and counted (`consumer_slow_handlers_total`); one that does not, is
+/// not.
+async fn a_handler_nearing_the_consumer_timeout_is_reported<B: Backend>() {
+    let handle = recorder();
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    // Warn after half of 600 ms.
+    let config = broker
+        .config()
+        .with_consumer_timeout(Duration::from_millis(600));
+    broker.declare_config(&config).await;
+    broker.publish(&TestBroker::message(&Job::slow(500))).await;
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(1, Duration::from_secs(30)).await);
+    // A quick one afterwards (on SQLite, one sent alongside would wait for the
+    // slow one's write lock, and rightly count as slow too).
+    broker.publish(&TestBroker::message(&Job::ok())).await;
+    assert!(running.settled(2, Duration::from_secs(30)).await);
+    running.stop().await.unwrap();
+    let c = format!("consumer=\"{}\"", config.name);
+    assert_eq!(
+        value(&handle.render(), "consumer_slow_handlers_total", &[&c]),
+        Some(1.0),
+        "{}",
+        handle.render()
+    );
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
