@@ -707,14 +707,7 @@ fn is_database_outage(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = current {
         if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
-            return matches!(
-                sqlx_error,
-                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-            ) || sqlx_error
-                .as_database_error()
-                .and_then(|d| d.code())
-                // PostgreSQL's "admin shutdown", "crash shutdown", "cannot connect now".
-                .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"));
+            return crate::store::is_connection_error(sqlx_error);
         }
         if let Some(store_error) = e.downcast_ref::<StoreError>() {
             return store_error.is_connection_error();
@@ -994,6 +987,16 @@ impl<S: Store> Inner<S> {
         let handled = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
         match handled {
             Ok(Ok(())) => {
+                if let Err(e) = self.store.check_before_commit(&mut tx).await {
+                    let _ = tx.rollback().await;
+                    if e.is_connection_error() {
+                        return Err(Failure::Store(e));
+                    }
+                    return Err(Failure::Handler(HandlerError::transient(format!(
+                        "the handler returned success, but an earlier statement had aborted its transaction \
+                         (did it ignore a database error?): {e}"
+                    ))));
+                }
                 let enqueued = tx.enqueued();
                 failpoint::hit("before-commit");
                 tx.commit().await.map_err(Failure::Store)?;
@@ -1054,13 +1057,17 @@ impl<S: Store> Inner<S> {
                 (e.error().to_string(), e.retry_after_hint())
             }
             Err(Failure::Panic(text)) => (format!("handler panicked: {text}"), None),
-            // warren's own statements failed: the database is down or restarting.
-            // That is no fault of the message, so it costs no attempt.
-            Err(Failure::Store(e)) => {
+            // warren's own statements could not reach the database: it is down or
+            // restarting. That is no fault of the message, so it costs no attempt.
+            Err(Failure::Store(e)) if e.is_connection_error() => {
                 return self
                     .database_outage(publisher, delivery, &e.to_string())
                     .await;
             }
+            // Any other store error (a constraint checked at commit, a
+            // serialization failure, a value the database refuses) is a transient
+            // failure like any other, with bounded attempts.
+            Err(Failure::Store(e)) => (e.to_string(), None),
         };
         match self.config.retry.decide(attempt, retry_after) {
             RetryDecision::Retry { delay, attempt } => {

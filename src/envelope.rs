@@ -162,6 +162,24 @@ impl Envelope {
                 ),
             ));
         }
+        for (field, value) in [
+            ("messageId", wire.message_id.as_str()),
+            ("eventType", wire.event_type.as_str()),
+            ("correlationId", wire.correlation_id.as_str()),
+            (
+                "causationId",
+                wire.causation_id.as_deref().unwrap_or_default(),
+            ),
+        ] {
+            // A NUL byte, for one, is a string no PostgreSQL text column accepts:
+            // refused here, it cannot turn into a database error later.
+            if value.chars().any(char::is_control) {
+                return Err(InvalidMessage::new(
+                    R::InvalidEnvelope,
+                    format!("{field} contains a control character"),
+                ));
+            }
+        }
         if wire.event_type.is_empty() {
             return Err(InvalidMessage::new(
                 R::InvalidEnvelope,
@@ -382,6 +400,15 @@ mod tests {
         assert_eq!(
             reason(Envelope::parse(wrong_type, 1024)),
             DeadLetterReason::InvalidContentType
+        );
+        let nul_id = "a\u{0}b";
+        let nul_body = r#"{"messageId":"a\u0000b","eventType":"t","schemaVersion":1,"occurredAtUtc":"2026-01-01T00:00:00Z","correlationId":"c","payload":{}}"#;
+        assert_eq!(
+            reason(Envelope::parse(
+                incoming(Some(nul_id), nul_body.as_bytes()),
+                1024
+            )),
+            DeadLetterReason::InvalidEnvelope
         );
         let with_charset = Incoming {
             content_type: Some("Application/JSON; charset=utf-8"),

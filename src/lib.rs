@@ -99,7 +99,9 @@ pub use shutdown::shutdown_signal;
 pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
-pub use store::{Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx};
+pub use store::{
+    Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, is_connection_error,
+};
 pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,

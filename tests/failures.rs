@@ -8,8 +8,47 @@ use crate::util::{Backend, Job, Mode, Running, TestBroker, routes};
 
 on_both_backends!(
     transient_failure_is_retried_then_applied_once,
-    handler_panic_is_survived
+    handler_panic_is_survived,
+    a_swallowed_database_error_is_not_acked_as_applied,
 );
+
+/// Regression (found in review): on PostgreSQL a failed statement aborts the
+/// transaction and COMMIT then quietly rolls back. A handler that ignores the
+/// error and returns success must not have its message acked as applied with
+/// nothing recorded; it is a failure, retried and finally dead-lettered. On
+/// SQLite the failed statement undoes only itself and the message applies.
+async fn a_swallowed_database_error_is_not_acked_as_applied<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let sloppy = TestBroker::message(&Job::with(Mode::SwallowError));
+    broker.publish(&sloppy).await;
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(
+        running.settled(1, Duration::from_secs(30)).await,
+        "{:?}",
+        running.stats.snapshot()
+    );
+    let s = running.stats.snapshot();
+    running.stop().await.unwrap();
+    if <B as Backend>::NAME == "postgres" {
+        assert_eq!((s.applied, s.dead_lettered), (0, 1), "{s:?}");
+        assert_eq!(db.inbox(&broker.name).await, 0);
+        let dead = broker.drain(&broker.dead_letter_queue()).await;
+        let info = warren::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+        assert_eq!(info.reason, "retries-exhausted");
+        assert!(info.error.contains("aborted"), "{}", info.error);
+    } else {
+        assert_eq!((s.applied, s.dead_lettered), (1, 0), "{s:?}");
+        assert_eq!(db.inbox(&broker.name).await, 1);
+    }
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 async fn transient_failure_is_retried_then_applied_once<B: Backend>() {
     let db = B::create().await;

@@ -78,6 +78,8 @@ pub enum Mode {
     Abort,
     /// Fail permanently while `switch` is in the broken set, then succeed.
     PermanentWhileBroken { switch: String },
+    /// Run a failing statement, ignore its error, and report success.
+    SwallowError,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -173,8 +175,6 @@ pub fn set_broken(switch: &str, broken: bool) {
 /// A database dialect under test.
 pub trait Backend: warren::Dialect {
     type S: warren::OutboxStore + Store<Db = Self>;
-    // Used by the crash tests, which need the `failpoints` feature.
-    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     const NAME: &'static str;
     /// A fresh, private database with warren migrated and the effects table.
     fn create() -> impl Future<Output = TestDb<Self>> + Send;
@@ -187,6 +187,11 @@ pub trait Backend: warren::Dialect {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
     /// The store's pool.
     fn pool(store: &Self::S) -> &sqlx::Pool<Self>;
+    /// Runs a `SELECT count(...)` inside `tx`.
+    fn count_in<'a>(
+        tx: &'a mut Tx<Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
     /// Runs a `SELECT count(...)` query.
     fn count(store: &Self::S, sql: String) -> impl Future<Output = i64> + Send;
 }
@@ -286,6 +291,10 @@ impl Backend for Postgres {
         store.pool()
     }
 
+    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
+    }
+
     async fn count(store: &PgStore, sql: String) -> i64 {
         sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(store.pool())
@@ -328,6 +337,10 @@ impl Backend for Sqlite {
 
     fn pool(store: &SqliteStore) -> &sqlx::Pool<Self> {
         store.pool()
+    }
+
+    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
     }
 
     async fn count(store: &SqliteStore, sql: String) -> i64 {
@@ -387,6 +400,10 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
         }
         Mode::TransientAfter { .. } => Ok(()),
         Mode::Abort => std::process::abort(),
+        Mode::SwallowError => {
+            let _ = B::count_in(tx, "SELECT count(*) FROM no_such_table").await;
+            Ok(())
+        }
         Mode::PermanentWhileBroken { ref switch } => {
             if BROKEN.lock().unwrap().contains(switch) {
                 Err(HandlerError::permanent("broken until mended"))

@@ -141,6 +141,15 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Checks that the database answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Checks, just before the commit, that the transaction can still commit. On
+    /// PostgreSQL a statement that failed aborts the whole transaction, and a
+    /// `COMMIT` then quietly rolls back: a handler that ignored such an error
+    /// would otherwise have its message acked with nothing applied.
+    fn check_before_commit<'a>(
+        &'a self,
+        tx: &'a mut Tx<Self::Db>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
     /// Begins a transaction that is allowed to write.
     fn begin(&self) -> impl Future<Output = Result<Tx<Self::Db>, StoreError>> + Send;
 
@@ -275,13 +284,24 @@ impl StoreError {
     /// True if the database could not be reached or the connection broke; retrying
     /// later is the right response.
     pub fn is_connection_error(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Database(
-                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-            )
-        )
+        match self {
+            StoreError::Database(e) => is_connection_error(e),
+            _ => false,
+        }
     }
+}
+
+/// True if `e` means the database cannot be reached or is going away: a broken
+/// or unobtainable connection, or PostgreSQL's admin shutdown, crash shutdown and
+/// "cannot connect now" (starting up).
+pub fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+    ) || e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"))
 }
 
 /// A numbered migration: plain SQL statements applied in order, once.

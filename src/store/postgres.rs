@@ -142,6 +142,13 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn check_before_commit<'a>(&'a self, tx: &'a mut Tx<Postgres>) -> Result<(), StoreError> {
+        // Fails with 25P02 (in failed SQL transaction) if an earlier statement
+        // aborted the transaction.
+        sqlx::query("SELECT 1").execute(tx.conn()).await?;
+        Ok(())
+    }
+
     async fn begin(&self) -> Result<Tx<Postgres>, StoreError> {
         Ok(Tx::new(self.pool.begin().await?))
     }

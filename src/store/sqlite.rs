@@ -147,6 +147,12 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn check_before_commit<'a>(&'a self, _tx: &'a mut Tx<Sqlite>) -> Result<(), StoreError> {
+        // A failed statement in SQLite undoes only itself; the transaction stays
+        // usable.
+        Ok(())
+    }
+
     async fn begin(&self) -> Result<Tx<Sqlite>, StoreError> {
         Ok(Tx::new(self.pool.begin_with("BEGIN IMMEDIATE").await?))
     }
