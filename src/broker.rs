@@ -78,6 +78,16 @@ impl BrokerError {
         matches!(self, BrokerError::TopologyDrift { .. })
     }
 
+    /// True if the broker refused because something named does not exist (an
+    /// exchange published to, a queue declared passively): `NOT_FOUND`.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, BrokerError::Amqp(e) if matches!(
+            e.kind(),
+            lapin::ErrorKind::ProtocolError(amqp)
+                if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
+        ))
+    }
+
     /// True if the message was returned as unroutable.
     pub fn is_unroutable(&self) -> bool {
         matches!(self, BrokerError::Unroutable { .. })

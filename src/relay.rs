@@ -16,7 +16,7 @@ use chrono::Utc;
 use tokio::sync::Notify;
 
 use crate::Error;
-use crate::broker::{self, Backoff, BatchItem, BrokerError, Publisher};
+use crate::broker::{self, Backoff, BatchItem, Publisher};
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
 use crate::store::{OutboxStore, StoreError};
@@ -238,7 +238,6 @@ impl<S: OutboxStore> Relay<S> {
                     Ok(c) => {
                         let c = Arc::new(c);
                         publisher = Some((Arc::clone(&c), Publisher::new(c)));
-                        backoff.reset();
                     }
                     Err(e) => {
                         let wait = backoff.next_delay();
@@ -279,6 +278,9 @@ impl<S: OutboxStore> Relay<S> {
                 }
                 continue;
             }
+            // Only a pass that went through proves the broker is back; resetting on
+            // connect alone would reconnect hot when every pass fails.
+            backoff.reset();
             if last_housekeeping.elapsed() >= self.config.housekeeping_interval {
                 last_housekeeping = Instant::now();
                 self.housekeeping().await;
@@ -383,20 +385,42 @@ async fn publish_rows(publisher: &Publisher, rows: Vec<OutboxRow>) -> Vec<(i64, 
             properties,
         })
         .collect();
-    let results = publisher.publish_batch(&items).await;
+    let mut results = publisher.publish_batch(&items).await;
+    let channel_failed = results
+        .iter()
+        .any(|r| matches!(r, Err(e) if !e.is_unroutable()));
+    if channel_failed && items.len() > 1 {
+        // One bad row (an exchange that does not exist makes the broker close the
+        // channel) fails every row pipelined with it. Publishing the batch again
+        // one row at a time finds the culprit, so it alone is set aside and the
+        // rest go out instead of stalling behind it.
+        results = Vec::with_capacity(items.len());
+        for item in &items {
+            results.push(
+                publisher
+                    .publish_raw(
+                        item.exchange,
+                        item.routing_key,
+                        item.body,
+                        item.properties.clone(),
+                    )
+                    .await,
+            );
+        }
+    }
     failpoint::hit("relay-after-publish-before-mark");
     rows.iter()
         .zip(results)
         .map(|(row, result)| {
             let outcome = match result {
                 Ok(()) => RowOutcome::Published,
-                Err(e @ BrokerError::Unroutable { .. }) => {
+                Err(e) if e.is_unroutable() || e.is_not_found() => {
                     tracing::error!(
                         message_id = %row.message_id,
                         exchange = %row.exchange,
                         routing_key = %row.routing_key,
                         error = %e,
-                        "outbox message is unroutable; marked failed"
+                        "outbox message cannot be routed; marked failed"
                     );
                     RowOutcome::Failed(e.to_string())
                 }

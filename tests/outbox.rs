@@ -15,7 +15,48 @@ on_both_backends!(
     broker_down_rows_wait_and_are_published_after,
     unroutable_row_is_marked_failed_not_published,
     housekeeping_deletes_published_rows_past_retention_only,
+    a_row_to_a_missing_exchange_is_failed_and_the_rest_go_out,
 );
+
+/// Regression (found in review): publishing to an exchange that does not exist
+/// makes the broker close the channel, failing every row pipelined with it; the
+/// oldest such row then headed every batch and the outbox stalled. Now the bad
+/// row alone is marked failed and the others are published in the same pass.
+async fn a_row_to_a_missing_exchange_is_failed_and_the_rest_go_out<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let relay = Relay::new(db.store.clone(), relay_config(&broker));
+    let publisher = Publisher::new(Arc::clone(&broker.connection));
+    let missing = format!("{}.nowhere", broker.exchange);
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    let lost = event(0);
+    warren::outbox::enqueue::<B>(&mut tx, &missing, "out.event", &lost)
+        .await
+        .unwrap();
+    for n in 1..4 {
+        warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(n))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    assert_eq!(relay.run_once(&publisher).await.unwrap(), (4, false));
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!((status.pending, status.published), (0, 3), "{status:?}");
+    assert_eq!(status.failed.len(), 1);
+    assert_eq!(status.failed[0].message_id, lost.meta().message_id);
+    assert!(
+        status.failed[0].last_error.contains("NOT_FOUND"),
+        "{:?}",
+        status.failed[0]
+    );
+    assert_eq!(broker.drain(&capture).await.len(), 3);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 async fn housekeeping_deletes_published_rows_past_retention_only<B: Backend>() {
     let db = B::create().await;
