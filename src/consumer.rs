@@ -746,7 +746,10 @@ impl History {
         };
         Self {
             failed_attempts: int(HEADER_ATTEMPT).unwrap_or(0),
-            broker_deliveries: int("x-delivery-count"),
+            // RabbitMQ 4.3 counts returns after a crash or a closed channel in
+            // x-acquired-count and only explicit returns in x-delivery-count;
+            // earlier versions count both in x-delivery-count.
+            broker_deliveries: int("x-delivery-count").max(int("x-acquired-count")),
         }
     }
 }
@@ -820,7 +823,20 @@ impl<S: Store> Inner<S> {
                                 self.apply(call, &meta, &entry, forget_redeliveries),
                             )
                             .await;
-                        self.settle(publisher, &delivery, &history, applied).await
+                        let outcome = self.settle(publisher, &delivery, &history, applied).await;
+                        // A count written before the handler ran belongs to this
+                        // copy's crash history; once the message moved on (retry
+                        // tier, dead letter) that history is over. The applied path
+                        // cleared it in its own transaction.
+                        if forget_redeliveries
+                            && matches!(outcome, Outcome::Retried | Outcome::DeadLettered(_))
+                        {
+                            let _ = self
+                                .store
+                                .clear_redeliveries(None, &self.config.name, &meta.message_id)
+                                .await;
+                        }
+                        outcome
                     }
                 };
                 (outcome, Some(meta))
@@ -1220,7 +1236,8 @@ impl<S: Store> Inner<S> {
     /// the main queue cannot take the copy either is the original nacked.
     async fn return_to_queue(&self, publisher: &Publisher, delivery: &Delivery) {
         tokio::time::sleep(self.config.failure_backoff).await;
-        let properties = without_broker_headers(&delivery.properties);
+        let properties =
+            with_original_route(&without_broker_headers(&delivery.properties), delivery);
         match publisher
             .publish_raw("", &self.config.queue, &delivery.data, properties)
             .await
@@ -1253,6 +1270,7 @@ impl<S: Store> Inner<S> {
 /// newer brokers ignore client-set `x-death` anyway.
 const BROKER_HEADERS: &[&str] = &[
     "x-death",
+    "x-acquired-count",
     "x-first-death-exchange",
     "x-first-death-queue",
     "x-first-death-reason",
@@ -1275,26 +1293,35 @@ fn without_broker_headers(properties: &BasicProperties) -> BasicProperties {
     properties.clone().with_headers(FieldTable::from(kept))
 }
 
+/// `properties` with the delivery's exchange and routing key recorded, unless an
+/// earlier copy already recorded the first ones: a copy travels through the
+/// default exchange, and its dead-letter record should still name the original
+/// route.
+fn with_original_route(properties: &BasicProperties, delivery: &Delivery) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    for (name, value) in [
+        (HEADER_ORIGINAL_EXCHANGE, delivery.exchange.as_str()),
+        (HEADER_ORIGINAL_ROUTING_KEY, delivery.routing_key.as_str()),
+    ] {
+        if !headers.contains_key(name) {
+            headers.insert(name.into(), dead_letter::text(value));
+        }
+    }
+    properties.clone().with_headers(headers)
+}
+
 /// The properties of a copy bound for a retry tier: the original's, with the
 /// attempt count, failure times, last error and original route recorded.
 fn retry_properties(delivery: &Delivery, attempt: u32, error: &str) -> BasicProperties {
-    let base = without_broker_headers(&delivery.properties);
+    let base = with_original_route(
+        &dead_letter::without_expiration(&without_broker_headers(&delivery.properties)),
+        delivery,
+    );
     let mut headers = base.headers().clone().unwrap_or_default();
     let now = dead_letter::time(Utc::now());
-    let mut set_once = |name: &str, value: AMQPValue| {
-        if !headers.contains_key(name) {
-            headers.insert(name.into(), value);
-        }
-    };
-    set_once(HEADER_FIRST_FAILURE, now.clone());
-    set_once(
-        HEADER_ORIGINAL_EXCHANGE,
-        dead_letter::text(delivery.exchange.as_str()),
-    );
-    set_once(
-        HEADER_ORIGINAL_ROUTING_KEY,
-        dead_letter::text(delivery.routing_key.as_str()),
-    );
+    if !headers.contains_key(HEADER_FIRST_FAILURE) {
+        headers.insert(HEADER_FIRST_FAILURE.into(), now.clone());
+    }
     headers.insert(
         HEADER_ATTEMPT.into(),
         AMQPValue::LongLongInt(attempt.into()),

@@ -111,10 +111,18 @@ impl DeadLetterQueue {
 
     /// Opens a channel to take messages from. Messages taken and not acked
     /// return to the queue when the channel closes.
+    /// The pass covers the messages in the queue when it starts, and no more:
+    /// copies that arrive meanwhile (a replayed message that failed again and
+    /// was dead-lettered anew) wait for the next pass instead of being replayed
+    /// in a loop.
     async fn open(&self) -> Result<Walk, BrokerError> {
+        let present = crate::broker::inspect_queue(&self.connection, &self.dead_letter)
+            .await?
+            .ready;
         Ok(Walk {
             channel: self.connection.create_channel().await?,
             queue: self.dead_letter.clone(),
+            remaining: std::sync::atomic::AtomicU32::new(present),
         })
     }
 
@@ -237,10 +245,19 @@ impl DeadLetterQueue {
 struct Walk {
     channel: Channel,
     queue: String,
+    remaining: std::sync::atomic::AtomicU32,
 }
 
 impl Walk {
     async fn next(&self) -> Result<Option<Delivery>, BrokerError> {
+        use std::sync::atomic::Ordering;
+        if self
+            .remaining
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_err()
+        {
+            return Ok(None);
+        }
         Ok(self
             .channel
             .basic_get(self.queue.as_str().into(), BasicGetOptions::default())
@@ -278,6 +295,7 @@ const FAILURE_HEADERS: &[&str] = &[
     "x-last-death-queue",
     "x-last-death-reason",
     "x-delivery-count",
+    "x-acquired-count",
 ];
 
 fn replay_properties(properties: &BasicProperties) -> BasicProperties {

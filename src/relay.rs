@@ -31,6 +31,8 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(600);
 /// Upper bound of the reconnect backoff.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often the backlog gauges are refreshed.
+const BACKLOG_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a stopping relay keeps publishing what is already committed.
 const FINAL_PASS: Duration = Duration::from_secs(5);
 
@@ -230,6 +232,7 @@ impl<S: OutboxStore> Relay<S> {
         let mut publisher: Option<(Arc<lapin::Connection>, Publisher)> = None;
         let mut backoff = Backoff::new(Duration::from_millis(100), MAX_BACKOFF);
         let mut last_housekeeping = Instant::now();
+        let mut last_backlog_report: Option<Instant> = None;
         let mut stopping = None::<Instant>;
         loop {
             if publisher.is_none() {
@@ -294,7 +297,11 @@ impl<S: OutboxStore> Relay<S> {
             if taken == self.config.batch_size {
                 continue; // more may be waiting
             }
-            self.report_backlog().await;
+            // The backlog query counts the table; at most every few seconds.
+            if last_backlog_report.is_none_or(|t| t.elapsed() >= BACKLOG_REPORT_INTERVAL) {
+                last_backlog_report = Some(Instant::now());
+                self.report_backlog().await;
+            }
             tokio::select! {
                 () = shutdown.as_mut() => stopping = Some(Instant::now()),
                 () = WAKE.notified() => {}

@@ -61,7 +61,52 @@ async fn dead_letter_some<B: Backend>(
     ids
 }
 
-on_both_backends!(replay_killed_halfway_loses_nothing_and_applies_once);
+on_both_backends!(
+    replay_killed_halfway_loses_nothing_and_applies_once,
+    replay_ends_while_the_consumer_dead_letters_the_copies_again,
+);
+
+/// Regression (found in review): replay walked the dead-letter queue until it was
+/// empty, so while the consumer kept failing the replayed copies and
+/// dead-lettering them again, it replayed them in a loop. A pass now covers only
+/// what was there when it started.
+async fn replay_ends_while_the_consumer_dead_letters_the_copies_again<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let switch = unique("still-broken");
+    set_broken(&switch, true);
+    for _ in 0..3 {
+        let m = TestBroker::message(&Job::with(Mode::PermanentWhileBroken {
+            switch: switch.clone(),
+        }));
+        broker.publish(&m).await;
+    }
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(3, Duration::from_secs(30)).await);
+
+    let replay = warren(&["dlq", "replay", &broker.queue, "--all", "--rate", "10/s"]).await;
+    let (out, err) = text(&replay);
+    assert!(replay.status.success(), "{err}");
+    assert!(out.contains("replayed 3 message(s)"), "{out}");
+    // The consumer fails them again: back in the dead-letter queue, nothing lost.
+    assert!(running.settled(6, Duration::from_secs(30)).await);
+    running.stop().await.unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&broker.dead_letter_queue()).await == 3
+        })
+        .await
+    );
+    set_broken(&switch, false);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 /// 100 dead letters; a dry run changes nothing; a replay is killed halfway and run
 /// again; then the consumer applies each message exactly once.

@@ -246,6 +246,10 @@ async fn dead_letter_queue_unreachable_loses_nothing<B: Backend>() {
         dead[0].properties.message_id().as_ref().unwrap().as_str(),
         poison.meta().message_id
     );
+    // Returned through the default exchange, it still names its original route.
+    let info = DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+    assert_eq!(info.original_exchange, broker.exchange);
+    assert_eq!(info.original_routing_key, "test.job");
     assert_eq!(db.effects().await, 0);
     assert_eq!(broker.ready(&broker.queue).await, 0);
 

@@ -116,8 +116,13 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(DEFAULT_BUSY_TIMEOUT)
             .foreign_keys(true);
+        // Writers queue for SQLite's one write lock anyway; the pool only has to be
+        // large enough that no task times out waiting for a connection at the
+        // largest allowed concurrency (the prefetch, at most 65535 but 32 by
+        // default), which would look like a database outage.
         let pool = SqlitePoolOptions::new()
-            .max_connections(8)
+            .max_connections(64)
+            .acquire_timeout(Duration::from_secs(60))
             .connect_with(options)
             .await?;
         Ok(Self { pool })
