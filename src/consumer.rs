@@ -358,11 +358,16 @@ impl<S: Store> Consumer<S> {
                     }
                 }
             };
-            backoff.reset();
+            let session_start = Instant::now();
             self.inner.telemetry.set_consuming(true);
             let end = self
                 .consume(&session, &permits, &mut in_flight, &mut shutdown)
                 .await;
+            // A session that lasted proves the broker was back; one that died at
+            // once keeps the backoff growing, so a flapping broker is not hammered.
+            if session_start.elapsed() >= STABLE_SESSION {
+                backoff.reset();
+            }
             self.inner.telemetry.set_consuming(false);
             match end {
                 SessionEnd::Shutdown => {
@@ -589,6 +594,9 @@ impl Session {
         }
     }
 }
+
+/// A session that lasted this long resets the reconnect backoff.
+const STABLE_SESSION: Duration = Duration::from_secs(10);
 
 /// How long closing a channel and its connections may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
