@@ -77,8 +77,18 @@ const MIGRATIONS: Migrations = Migrations {
                     WHERE published_at IS NOT NULL",
             ],
         },
+        Migration {
+            version: 4,
+            name: "outbox leases",
+            statements: &["ALTER TABLE warren_outbox ADD COLUMN lease_until TEXT NULL"],
+        },
     ],
 };
+
+/// How long a relay's claim on a batch lasts. Longer than publishing a batch can
+/// take (the confirm timeout); a relay that dies holding it delays its rows by
+/// this much, and then another relay takes them.
+const LEASE: Duration = Duration::from_secs(60);
 
 /// Default time a writer waits for SQLite's write lock before giving up.
 pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -276,10 +286,11 @@ impl Dialect for Sqlite {
 }
 
 impl OutboxStore for SqliteStore {
-    /// SQLite has no row locks: the batch is read without holding the write lock
-    /// (so consumers are not blocked while it is published), and the outcomes are
-    /// written in one short transaction. Several relays on one SQLite file could
-    /// publish a row twice; downstream inboxes absorb that, but run one relay.
+    /// SQLite has no row locks, so a relay leases its batch instead: one short
+    /// write transaction takes rows whose lease is free and stamps them, the batch
+    /// is published without holding the write lock (consumers are not blocked
+    /// meanwhile), and a second short transaction records the outcomes and frees
+    /// the leases. Several relays on one file therefore take different rows.
     async fn relay_batch<'a, F, Fut>(
         &'a self,
         limit: usize,
@@ -289,16 +300,30 @@ impl OutboxStore for SqliteStore {
         F: FnOnce(Vec<OutboxRow>) -> Fut + Send + 'a,
         Fut: Future<Output = Vec<(i64, RowOutcome)>> + Send + 'a,
     {
+        let now = Utc::now();
+        let lease_until = now + chrono::Duration::from_std(LEASE).unwrap_or(chrono::Duration::MAX);
+        let mut conn = self.pool.acquire().await?;
+        let mut claim = conn.begin_with("BEGIN IMMEDIATE").await?;
         let raw: Vec<RawOutboxRow> = sqlx::query_as(
-            "SELECT id, message_id, exchange, routing_key, properties, body, attempts
-             FROM warren_outbox
-             WHERE published_at IS NULL AND failed_at IS NULL
-             ORDER BY id
-             LIMIT ?",
+            "UPDATE warren_outbox SET lease_until = ?
+             WHERE id IN (
+                SELECT id FROM warren_outbox
+                WHERE published_at IS NULL AND failed_at IS NULL
+                  AND (lease_until IS NULL OR lease_until < ?)
+                ORDER BY id
+                LIMIT ?)
+             RETURNING id, message_id, exchange, routing_key, properties, body, attempts",
         )
+        .bind(sqlite_time(lease_until))
+        .bind(sqlite_time(now))
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *claim)
         .await?;
+        claim.commit().await?;
+        drop(conn);
+        let mut raw = raw;
+        // RETURNING gives no order; the batch goes out in id order.
+        raw.sort_by_key(|r| r.0);
         let taken = raw.len();
         if taken == 0 {
             return Ok(0);
@@ -311,17 +336,19 @@ impl OutboxStore for SqliteStore {
         for (id, outcome) in outcomes {
             let q = match &outcome {
                 RowOutcome::Published => sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE warren_outbox SET published_at = {NOW}, attempts = attempts + 1 WHERE id = ?"
+                    "UPDATE warren_outbox SET published_at = {NOW}, attempts = attempts + 1,
+                     lease_until = NULL WHERE id = ?"
                 )))
                 .bind(id),
                 RowOutcome::Failed(e) => sqlx::query(AssertSqlSafe(format!(
                     "UPDATE warren_outbox SET failed_at = {NOW}, attempts = attempts + 1,
-                     last_error = ? WHERE id = ?"
+                     last_error = ?, lease_until = NULL WHERE id = ?"
                 )))
                 .bind(e)
                 .bind(id),
                 RowOutcome::Retry(e) => sqlx::query(
-                    "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+                    "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ?, lease_until = NULL
+                     WHERE id = ?",
                 )
                 .bind(e)
                 .bind(id),
