@@ -269,8 +269,9 @@ async fn relay_crash_after_publish_before_mark_publishes_again_and_downstream_ap
 
     let restarted = spawn_relay::<B>(&db.url, &broker, None);
     let store = db.store.clone();
+    // On SQLite the dead relay's lease on the row has to run out first (20 s).
     assert!(
-        wait_for(Duration::from_secs(30), || {
+        wait_for(Duration::from_secs(60), || {
             let store = store.clone();
             async move { store.outbox_status().await.unwrap().published == 1 }
         })

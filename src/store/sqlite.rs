@@ -85,10 +85,11 @@ const MIGRATIONS: Migrations = Migrations {
     ],
 };
 
-/// How long a relay's claim on a batch lasts. Longer than publishing a batch can
-/// take (the confirm timeout); a relay that dies holding it delays its rows by
-/// this much, and then another relay takes them.
-const LEASE: Duration = Duration::from_secs(60);
+/// How long a relay's claim on a batch lasts: far longer than publishing a batch
+/// takes, short enough that the rows of a relay that died holding it are
+/// delayed by no more than this before another relay takes them. (A batch still
+/// unconfirmed when its lease runs out may be published twice: at-least-once.)
+const LEASE: Duration = Duration::from_secs(20);
 
 /// Default time a writer waits for SQLite's write lock before giving up.
 pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
