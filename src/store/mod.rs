@@ -162,8 +162,9 @@ pub trait Store: Clone + Send + Sync + 'static {
         entry: &'a InboxEntry<'a>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
-    /// Deletes up to `batch` inbox rows of `consumer` processed before `cutoff`;
-    /// returns how many. Callers loop until fewer than `batch` come back, so no
+    /// Deletes up to `batch` inbox rows of `consumer` processed before `cutoff`,
+    /// and as many redelivery counts last touched before it; returns how many
+    /// inbox rows went. Callers loop until fewer than `batch` come back, so no
     /// single statement holds locks for long.
     fn purge_inbox<'a>(
         &'a self,

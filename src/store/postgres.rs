@@ -74,6 +74,14 @@ const MIGRATIONS: Migrations = Migrations {
                     WHERE published_at IS NOT NULL",
             ],
         },
+        Migration {
+            version: 4,
+            name: "outbox failed index, redelivery age index",
+            statements: &[
+                "CREATE INDEX warren_outbox_failed ON warren_outbox (id) WHERE failed_at IS NOT NULL",
+                "CREATE INDEX warren_redeliveries_age ON warren_redeliveries (consumer_name, last_delivered_at)",
+            ],
+        },
     ],
 };
 
@@ -182,6 +190,18 @@ impl Store for PgStore {
             "DELETE FROM warren_inbox WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_inbox
                 WHERE consumer_name = $1 AND processed_at < $2
+                LIMIT $3)",
+        )
+        .bind(consumer)
+        .bind(cutoff)
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        // Redelivery counts older than the window belong to messages long settled.
+        sqlx::query(
+            "DELETE FROM warren_redeliveries WHERE (consumer_name, message_id) IN (
+                SELECT consumer_name, message_id FROM warren_redeliveries
+                WHERE consumer_name = $1 AND last_delivered_at < $2
                 LIMIT $3)",
         )
         .bind(consumer)

@@ -82,6 +82,14 @@ const MIGRATIONS: Migrations = Migrations {
             name: "outbox leases",
             statements: &["ALTER TABLE warren_outbox ADD COLUMN lease_until TEXT NULL"],
         },
+        Migration {
+            version: 5,
+            name: "outbox failed index, redelivery age index",
+            statements: &[
+                "CREATE INDEX warren_outbox_failed ON warren_outbox (id) WHERE failed_at IS NOT NULL",
+                "CREATE INDEX warren_redeliveries_age ON warren_redeliveries (consumer_name, last_delivered_at)",
+            ],
+        },
     ],
 };
 
@@ -203,6 +211,18 @@ impl Store for SqliteStore {
             "DELETE FROM warren_inbox WHERE rowid IN (
                 SELECT rowid FROM warren_inbox
                 WHERE consumer_name = ? AND processed_at < ?
+                LIMIT ?)",
+        )
+        .bind(consumer)
+        .bind(sqlite_time(cutoff))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        // Redelivery counts older than the window belong to messages long settled.
+        sqlx::query(
+            "DELETE FROM warren_redeliveries WHERE rowid IN (
+                SELECT rowid FROM warren_redeliveries
+                WHERE consumer_name = ? AND last_delivered_at < ?
                 LIMIT ?)",
         )
         .bind(consumer)
