@@ -1,10 +1,6 @@
 //! Transient failures and panics: retried until they succeed, applied once.
 
-use std::time::Duration;
-
-use warren::Consumer;
-
-use crate::util::{Backend, Job, Mode, Running, TestBroker, routes};
+use crate::util::{Backend, Job, Mode, TestBroker, consume_until};
 
 on_both_backends!(
     transient_failure_is_retried_then_applied_once,
@@ -23,18 +19,7 @@ async fn a_swallowed_database_error_is_not_acked_as_applied<B: Backend>() {
     broker.declare().await;
     let sloppy = TestBroker::message(&Job::with(Mode::SwallowError));
     broker.publish(&sloppy).await;
-    let running = Running::start(Consumer::new(
-        broker.config(),
-        db.store.clone(),
-        routes::<B>(),
-    ));
-    assert!(
-        running.settled(1, Duration::from_secs(30)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
-    running.stop().await.unwrap();
+    let s = consume_until(&db, &broker, 1).await;
     if <B as Backend>::NAME == "postgres" {
         assert_eq!((s.applied, s.dead_lettered), (0, 1), "{s:?}");
         assert_eq!(db.inbox(&broker.name).await, 0);
@@ -57,18 +42,7 @@ async fn transient_failure_is_retried_then_applied_once<B: Backend>() {
     let flaky = TestBroker::message(&Job::with(Mode::Transient { n: 3 }));
     broker.publish(&flaky).await;
 
-    let running = Running::start(Consumer::new(
-        broker.config(),
-        db.store.clone(),
-        routes::<B>(),
-    ));
-    assert!(
-        running.settled(1, Duration::from_secs(30)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
-    running.stop().await.unwrap();
+    let s = consume_until(&db, &broker, 1).await;
     assert_eq!(s.retried, 3, "three transient failures: {s:?}");
     assert_eq!(s.applied, 1, "{s:?}");
     assert_eq!(s.dead_lettered, 0, "{s:?}");
@@ -89,19 +63,7 @@ async fn handler_panic_is_survived<B: Backend>() {
     broker.publish(&panicky).await;
     broker.publish(&after).await;
 
-    let running = Running::start(Consumer::new(
-        broker.config(),
-        db.store.clone(),
-        routes::<B>(),
-    ));
-    assert!(
-        running.settled(2, Duration::from_secs(30)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
-    // The consumer is still running and stops cleanly.
-    running.stop().await.unwrap();
+    let s = consume_until(&db, &broker, 2).await;
     assert_eq!(s.panics, 1, "{s:?}");
     assert_eq!(s.retried, 1, "a panic is a transient failure: {s:?}");
     assert_eq!(s.applied, 2, "{s:?}");

@@ -6,8 +6,8 @@ use std::time::Duration;
 use warren::{Consumer, DeadLetterInfo, RetryPolicy};
 
 use crate::util::{
-    Backend, Job, Mode, Running, TEST_TIERS, TestBroker, attempt_times, reported_attempts, routes,
-    wait_for,
+    Backend, Job, Mode, Running, TEST_TIERS, TestBroker, attempt_times, consume_until,
+    reported_attempts, routes, wait_for,
 };
 
 on_both_backends!(
@@ -39,18 +39,7 @@ async fn transient_below_the_limit_is_retried_through_the_tiers<B: Backend>() {
     let flaky = TestBroker::message(&Job::with(Mode::Transient { n: 2 }));
     broker.publish(&flaky).await;
 
-    let running = Running::start(Consumer::new(
-        broker.config(),
-        db.store.clone(),
-        routes::<B>(),
-    ));
-    assert!(
-        running.settled(1, Duration::from_secs(30)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
-    running.stop().await.unwrap();
+    let s = consume_until(&db, &broker, 1).await;
 
     let id = &flaky.meta().message_id;
     assert_eq!(attempt_times(id).len(), 3, "two failures, then success");
@@ -77,18 +66,7 @@ async fn transient_above_the_limit_is_dead_lettered_with_its_history<B: Backend>
     let doomed = TestBroker::message(&Job::with(Mode::Transient { n: 10 }));
     broker.publish(&doomed).await;
 
-    let running = Running::start(Consumer::new(
-        broker.config(),
-        db.store.clone(),
-        routes::<B>(),
-    ));
-    assert!(
-        running.settled(1, Duration::from_secs(30)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
-    running.stop().await.unwrap();
+    let s = consume_until(&db, &broker, 1).await;
 
     let id = &doomed.meta().message_id;
     let max = broker.config().retry.max_attempts();

@@ -667,6 +667,28 @@ impl Running {
     }
 }
 
+/// Runs the test's default consumer until `n` deliveries have settled (applied,
+/// duplicate or dead-lettered), stops it, and returns its counters.
+pub async fn consume_until<B: Backend>(
+    db: &TestDb<B>,
+    broker: &TestBroker,
+    n: u64,
+) -> warren::ConsumerStats {
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(
+        running.settled(n, Duration::from_secs(30)).await,
+        "not settled: {:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+    stats
+}
+
 /// Runs a test body once per backend.
 #[macro_export]
 macro_rules! on_both_backends {
