@@ -180,36 +180,35 @@ impl Store for PgStore {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+
     async fn purge_inbox<'a>(
         &'a self,
         consumer: &'a str,
         cutoff: DateTime<Utc>,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let mut deleted = [0; 2];
+        for (n, sql) in [
             "DELETE FROM warren_inbox WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_inbox
-                WHERE consumer_name = $1 AND processed_at < $2
-                LIMIT $3)",
-        )
-        .bind(consumer)
-        .bind(cutoff)
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        // Redelivery counts older than the window belong to messages long settled.
-        sqlx::query(
+                WHERE consumer_name = $1 AND processed_at < $2 LIMIT $3)",
+            // Redelivery counts older than the window belong to messages long settled.
             "DELETE FROM warren_redeliveries WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_redeliveries
-                WHERE consumer_name = $1 AND last_delivered_at < $2
-                LIMIT $3)",
-        )
-        .bind(consumer)
-        .bind(cutoff)
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+                WHERE consumer_name = $1 AND last_delivered_at < $2 LIMIT $3)",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            deleted[n] = sqlx::query(sql)
+                .bind(consumer)
+                .bind(cutoff)
+                .bind(i64::from(batch))
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted[0])
     }
 
     async fn record_redelivery<'a>(

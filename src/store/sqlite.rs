@@ -201,36 +201,35 @@ impl Store for SqliteStore {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+
     async fn purge_inbox<'a>(
         &'a self,
         consumer: &'a str,
         cutoff: DateTime<Utc>,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let mut deleted = [0; 2];
+        for (n, sql) in [
             "DELETE FROM warren_inbox WHERE rowid IN (
                 SELECT rowid FROM warren_inbox
-                WHERE consumer_name = ? AND processed_at < ?
-                LIMIT ?)",
-        )
-        .bind(consumer)
-        .bind(sqlite_time(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        // Redelivery counts older than the window belong to messages long settled.
-        sqlx::query(
+                WHERE consumer_name = ? AND processed_at < ? LIMIT ?)",
+            // Redelivery counts older than the window belong to messages long settled.
             "DELETE FROM warren_redeliveries WHERE rowid IN (
                 SELECT rowid FROM warren_redeliveries
-                WHERE consumer_name = ? AND last_delivered_at < ?
-                LIMIT ?)",
-        )
-        .bind(consumer)
-        .bind(sqlite_time(cutoff))
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+                WHERE consumer_name = ? AND last_delivered_at < ? LIMIT ?)",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            deleted[n] = sqlx::query(sql)
+                .bind(consumer)
+                .bind(sqlite_time(cutoff))
+                .bind(i64::from(batch))
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted[0])
     }
 
     async fn record_redelivery<'a>(
