@@ -1,6 +1,7 @@
 //! The broker side: connections, topology declaration, and publishing with
 //! confirms. Every AMQP call warren makes lives here.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,34 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long to wait for the broker to confirm a publish before calling it failed.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long any other broker call (opening a channel, declaring, acking, taking
+/// a message) may take. A broker that stopped answering without closing the
+/// socket would otherwise hold the caller, and whatever it has locked, forever.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Runs one broker call with [`CALL_TIMEOUT`]; `what` names it in the error.
+pub(crate) async fn deadline<T, E>(
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, BrokerError>
+where
+    BrokerError: From<E>,
+{
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result.map_err(BrokerError::from),
+        Err(_) => Err(BrokerError::Timeout {
+            call: what.to_owned(),
+            after: CALL_TIMEOUT,
+        }),
+    }
+}
+
+/// `value` as an AMQP short string, or an error naming `field`: lapin's own
+/// conversion panics on a value over 255 bytes.
+pub(crate) fn short(field: &str, value: &str) -> Result<ShortString, BrokerError> {
+    ShortString::try_new(value).map_err(|e| BrokerError::Invalid(format!("{field}: {e}")))
+}
 
 /// An error talking to the broker.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +99,18 @@ pub enum BrokerError {
     /// No confirm arrived in time.
     #[error("no publisher confirm within {0:?}")]
     ConfirmTimeout(Duration),
+    /// The broker did not answer a call in time.
+    #[error("the broker did not answer {call} within {after:?}")]
+    Timeout {
+        /// The call.
+        call: String,
+        /// How long warren waited.
+        after: Duration,
+    },
+    /// The message cannot be expressed in AMQP (a short string over 255 bytes,
+    /// headers larger than a frame); publishing it again cannot succeed.
+    #[error("message cannot be published: {0}")]
+    Invalid(String),
 }
 
 impl BrokerError {
@@ -91,6 +132,11 @@ impl BrokerError {
     /// True if the message was returned as unroutable.
     pub fn is_unroutable(&self) -> bool {
         matches!(self, BrokerError::Unroutable { .. })
+    }
+
+    /// True if the message itself can never be published as it is.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, BrokerError::Invalid(_))
     }
 }
 
@@ -188,13 +234,19 @@ fn field_table(arguments: &std::collections::BTreeMap<String, ArgValue>) -> Fiel
 }
 
 async fn declare_queue(channel: &Channel, queue: &QueueSpec) -> Result<(), BrokerError> {
-    let declared = channel
-        .queue_declare(
-            queue.name.as_str().into(),
+    let declared = tokio::time::timeout(
+        CALL_TIMEOUT,
+        channel.queue_declare(
+            short("queue name", &queue.name)?,
             QueueDeclareOptions::durable(),
             field_table(&queue.arguments),
-        )
-        .await;
+        ),
+    )
+    .await
+    .map_err(|_| BrokerError::Timeout {
+        call: format!("the declaration of queue {:?}", queue.name),
+        after: CALL_TIMEOUT,
+    })?;
     match declared {
         Ok(_) => Ok(()),
         Err(e) => match e.kind() {
@@ -228,31 +280,35 @@ pub async fn declare(channel: &Channel, topology: &Topology) -> Result<(), Broke
             ExchangeKind::Direct => lapin::ExchangeKind::Direct,
             ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
         };
-        channel
-            .exchange_declare(
-                exchange.name.as_str().into(),
+        deadline(
+            "an exchange declaration",
+            channel.exchange_declare(
+                short("exchange name", &exchange.name)?,
                 kind,
                 ExchangeDeclareOptions {
                     durable: true,
                     ..ExchangeDeclareOptions::default()
                 },
                 FieldTable::default(),
-            )
-            .await?;
+            ),
+        )
+        .await?;
     }
     for queue in &topology.queues {
         declare_queue(channel, queue).await?;
     }
     for binding in &topology.bindings {
-        channel
-            .queue_bind(
-                binding.queue.as_str().into(),
-                binding.exchange.as_str().into(),
-                binding.routing_key.as_str().into(),
+        deadline(
+            "a queue binding",
+            channel.queue_bind(
+                short("queue name", &binding.queue)?,
+                short("exchange name", &binding.exchange)?,
+                short("binding key", &binding.routing_key)?,
                 QueueBindOptions::default(),
                 FieldTable::default(),
-            )
-            .await?;
+            ),
+        )
+        .await?;
     }
     Ok(())
 }
@@ -269,20 +325,21 @@ pub struct QueueInfo {
 /// Reads a queue's depth and consumer count with a passive declare, on a channel
 /// of its own (a passive declare of a missing queue closes its channel).
 pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<QueueInfo, BrokerError> {
-    let channel = connection.create_channel().await?;
-    let q = channel
-        .queue_declare(
-            queue.into(),
+    let name = short("queue name", queue)?;
+    let channel = deadline("opening a channel", connection.create_channel()).await?;
+    let q = deadline(
+        "a passive queue declaration",
+        channel.queue_declare(
+            name,
             QueueDeclareOptions {
                 passive: true,
                 ..QueueDeclareOptions::default()
             },
             FieldTable::default(),
-        )
-        .await;
-    if channel.status().connected() {
-        let _ = channel.close(200, "inspected".into()).await;
-    }
+        ),
+    )
+    .await;
+    close_channel(&channel, "inspected").await;
     let q = q?;
     Ok(QueueInfo {
         ready: q.message_count(),
@@ -294,30 +351,38 @@ pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<Queue
 /// teardown). Missing ones are skipped.
 pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), BrokerError> {
     for q in &topology.queues {
-        let channel = connection.create_channel().await?;
-        let _ = channel
-            .queue_delete(
-                q.name.as_str().into(),
+        let channel = deadline("opening a channel", connection.create_channel()).await?;
+        let _ = deadline(
+            "a queue deletion",
+            channel.queue_delete(
+                short("queue name", &q.name)?,
                 lapin::options::QueueDeleteOptions::default(),
-            )
-            .await;
-        if channel.status().connected() {
-            let _ = channel.close(200, "deleted".into()).await;
-        }
+            ),
+        )
+        .await;
+        close_channel(&channel, "deleted").await;
     }
     for e in &topology.exchanges {
-        let channel = connection.create_channel().await?;
-        let _ = channel
-            .exchange_delete(
-                e.name.as_str().into(),
+        let channel = deadline("opening a channel", connection.create_channel()).await?;
+        let _ = deadline(
+            "an exchange deletion",
+            channel.exchange_delete(
+                short("exchange name", &e.name)?,
                 lapin::options::ExchangeDeleteOptions::default(),
-            )
-            .await;
-        if channel.status().connected() {
-            let _ = channel.close(200, "deleted".into()).await;
-        }
+            ),
+        )
+        .await;
+        close_channel(&channel, "deleted").await;
     }
     Ok(())
+}
+
+/// Closes `channel` if it is still open, never waiting longer than
+/// [`CALL_TIMEOUT`]: errors are of no interest to a caller that is done with it.
+pub(crate) async fn close_channel(channel: &Channel, reason: &str) {
+    if channel.status().connected() {
+        let _ = tokio::time::timeout(CALL_TIMEOUT, channel.close(200, reason.into())).await;
+    }
 }
 
 /// Publishes with publisher confirms and `mandatory`, one channel shared by all
@@ -341,17 +406,36 @@ impl Publisher {
         }
     }
 
+    /// The confirm channel, opened on first use and again after it died. The
+    /// lock and the broker calls under it are bounded, so a frozen broker cannot
+    /// queue every publisher of the process behind one stuck caller.
     async fn channel(&self) -> Result<Channel, BrokerError> {
-        let mut guard = self.channel.lock().await;
+        let mut guard = tokio::time::timeout(CALL_TIMEOUT, self.channel.lock())
+            .await
+            .map_err(|_| BrokerError::Timeout {
+                call: "the publisher's channel lock".into(),
+                after: CALL_TIMEOUT,
+            })?;
         if let Some(channel) = guard.as_ref().filter(|c| c.status().connected()) {
             return Ok(channel.clone());
         }
-        let channel = self.connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let channel = deadline("opening a channel", self.connection.create_channel()).await?;
+        deadline(
+            "confirm.select",
+            channel.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?;
         *guard = Some(channel.clone());
         Ok(channel)
+    }
+
+    /// The largest frame the connection negotiated: the bound for a message's
+    /// headers.
+    pub(crate) fn frame_max(&self) -> usize {
+        match self.connection.configuration().frame_max() {
+            0 => crate::headers::DEFAULT_FRAME_MAX,
+            n => n as usize,
+        }
     }
 
     /// Publishes every item, then waits for all their confirms: one round trip
@@ -367,21 +451,10 @@ impl Publisher {
                     .collect();
             }
         };
+        let frame_max = self.frame_max();
         let mut pending = Vec::with_capacity(items.len());
         for item in items {
-            let sent = channel
-                .basic_publish(
-                    ShortString::from(item.exchange),
-                    ShortString::from(item.routing_key),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    item.body,
-                    item.properties.clone(),
-                )
-                .await;
-            pending.push(sent);
+            pending.push(send(&channel, item, frame_max).await);
         }
         let waits = pending
             .into_iter()
@@ -396,13 +469,16 @@ impl Publisher {
         futures_util::future::join_all(waits).await
     }
 
-    /// Publishes an envelope built by [`Outgoing`] and waits for its confirm.
+    /// Publishes an envelope built by [`Outgoing`] and waits for its confirm. A
+    /// message that fails [`Outgoing::validate`] is refused with
+    /// [`BrokerError::Invalid`].
     pub async fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
         message: &Outgoing,
     ) -> Result<(), BrokerError> {
+        message.validate().map_err(BrokerError::Invalid)?;
         self.publish_raw(exchange, routing_key, &message.body(), message.properties())
             .await
     }
@@ -416,24 +492,45 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
+        let item = BatchItem {
+            exchange,
+            routing_key,
+            body,
+            properties,
+        };
         let channel = self.channel().await?;
-        let confirm = channel
-            .basic_publish(
-                ShortString::from(exchange),
-                ShortString::from(routing_key),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            )
-            .await?;
+        let confirm = send(&channel, &item, self.frame_max()).await?;
         let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
             .await
             .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
         confirmed(confirmation, exchange, routing_key)
     }
+}
+
+/// Sends one `mandatory` publish; the returned future resolves with its confirm.
+/// Refuses, before anything reaches the wire, what AMQP cannot carry.
+async fn send(
+    channel: &Channel,
+    item: &BatchItem<'_>,
+    frame_max: usize,
+) -> Result<lapin::PublisherConfirm, BrokerError> {
+    let exchange = short("exchange", item.exchange)?;
+    let routing_key = short("routing key", item.routing_key)?;
+    crate::headers::check_frame_size(&item.properties, frame_max).map_err(BrokerError::Invalid)?;
+    deadline(
+        "basic.publish",
+        channel.basic_publish(
+            exchange,
+            routing_key,
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            item.body,
+            item.properties.clone(),
+        ),
+    )
+    .await
 }
 
 /// One message of a [`Publisher::publish_batch`].

@@ -13,7 +13,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -40,6 +40,7 @@ use crate::envelope::{
 use crate::failpoint;
 use crate::failure::{DeadLetterReason, HandlerError};
 use crate::handler::BoundCall;
+use crate::headers::{self, Signer};
 use crate::registry::Registry;
 use crate::relay::{Relay, RelayConfig};
 use crate::retry::{RetryDecision, RetryPolicy};
@@ -246,6 +247,9 @@ struct Inner<S: Store> {
     store: S,
     registry: Registry<S::Db>,
     telemetry: Telemetry,
+    /// Signs warren's headers on copies and verifies them on deliveries; the key
+    /// comes from the store, loaded once at start.
+    signer: OnceLock<Signer>,
 }
 
 /// A delivery that passed validation and routing, bound to its handler.
@@ -272,6 +276,7 @@ impl<S: Store> Consumer<S> {
                 store,
                 registry,
                 telemetry,
+                signer: OnceLock::new(),
             }),
         }
     }
@@ -321,8 +326,15 @@ impl<S: Store> Consumer<S> {
 
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         loop {
-            match self.inner.store.migrate().await {
-                Ok(()) => break,
+            let prepared = async {
+                self.inner.store.migrate().await?;
+                self.inner.store.signing_key().await
+            };
+            match prepared.await {
+                Ok(key) => {
+                    let _ = self.inner.signer.set(Signer::new(&key));
+                    break;
+                }
                 Err(e) if e.is_connection_error() => {
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "database unreachable at start");
@@ -670,6 +682,12 @@ impl<S: OutboxStore> Consumer<S> {
     /// common case: what handlers write to the outbox is published as soon as it
     /// commits. On shutdown the consumer drains first, then the relay publishes
     /// what is committed and stops.
+    ///
+    /// The relay is supervised: if it ends while the consumer runs (a panic, an
+    /// error), [`Health::relay`](crate::Health) turns false (so `/readyz` goes
+    /// red), `outbox_relay_up` drops to 0, and it is restarted with capped
+    /// backoff, each restart counted in `outbox_relay_restarts_total`. The
+    /// consumer never keeps consuming with no relay in silence.
     pub async fn run_with_relay<F>(
         self,
         amqp_url: &str,
@@ -680,23 +698,73 @@ impl<S: OutboxStore> Consumer<S> {
         F: Future<Output = ()> + Send,
     {
         relay.validate()?;
-        let relay = Relay::new(self.inner.store.clone(), relay);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let store = self.inner.store.clone();
         let url = amqp_url.to_owned();
-        let relay_task = tokio::spawn(async move {
-            relay
-                .run(&url, async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let counters = Relay::new(store.clone(), relay.clone()).stats_handle();
+        let supervisor = tokio::spawn(supervise(
+            self.inner.telemetry.clone(),
+            stopping.clone(),
+            move || {
+                let relay = Relay::new(store.clone(), relay.clone()).sharing(&counters);
+                let url = url.clone();
+                let mut stopping = stopping.clone();
+                async move {
+                    relay
+                        .run(&url, async move {
+                            let _ = stopping.wait_for(|stop| *stop).await;
+                        })
+                        .await
+                }
+            },
+        ));
         let consumed = self.run(amqp_url, shutdown).await;
-        let _ = stop.send(());
-        let relayed = match relay_task.await {
+        let _ = stop.send(true);
+        let relayed = match supervisor.await {
             Ok(r) => r,
-            Err(e) => Err(Error::Task(format!("outbox relay: {e}"))),
+            Err(e) => Err(Error::Task(format!("outbox relay supervisor: {e}"))),
         };
         consumed.and(relayed)
+    }
+}
+
+/// Runs the task `start` makes until `stopping` turns true, starting it again
+/// (after a capped, growing pause) whenever it ends before that, with the health
+/// and metrics saying so meanwhile. Returns the last run's result.
+async fn supervise<F, Fut>(
+    telemetry: Telemetry,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+    start: F,
+) -> Result<(), Error>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), Error>> + Send + 'static,
+{
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    telemetry.set_relay_running(true);
+    loop {
+        let ended = tokio::spawn(start()).await;
+        if *stopping.borrow() {
+            return ended.unwrap_or_else(|e| Err(Error::Task(format!("outbox relay: {e}"))));
+        }
+        let why = match &ended {
+            Ok(Ok(())) => "it returned".to_owned(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        telemetry.set_relay_running(false);
+        let wait = backoff.next_delay();
+        tracing::error!(
+            reason = %why,
+            restart_in = ?wait,
+            "the outbox relay ended while the consumer runs; restarting it"
+        );
+        tokio::select! {
+            _ = stopping.wait_for(|stop| *stop) => return Ok(()),
+            () = tokio::time::sleep(wait) => {}
+        }
+        telemetry.relay_restarted();
+        telemetry.set_relay_running(true);
     }
 }
 
@@ -735,30 +803,29 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// How a delivery's earlier life reads from its headers.
+/// How a delivery's earlier life reads from its (verified) headers.
 struct History {
-    /// Failed attempts before this one (`x-warren-attempt`).
+    /// Failed attempts before this one (`x-warren-attempt`, believed only under
+    /// warren's signature).
     failed_attempts: u32,
-    /// Times the broker handed the message out before without an outcome
-    /// (quorum queues' `x-delivery-count`).
-    broker_deliveries: Option<u32>,
 }
 
 impl History {
     fn of(delivery: &Delivery) -> Self {
-        let headers = delivery.properties.headers().as_ref();
-        let int = |name| {
-            headers
-                .and_then(|h| header_int(h, name))
-                .and_then(|v| u32::try_from(v).ok())
-        };
+        let attempts = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| header_int(h, HEADER_ATTEMPT))
+            .unwrap_or(0);
         Self {
-            failed_attempts: int(HEADER_ATTEMPT).unwrap_or(0),
-            // RabbitMQ 4.3 counts returns after a crash or a closed channel in
-            // x-acquired-count and only explicit returns in x-delivery-count;
-            // earlier versions count both in x-delivery-count.
-            broker_deliveries: int("x-delivery-count").max(int("x-acquired-count")),
+            failed_attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
         }
+    }
+
+    /// The number of the attempt now starting.
+    fn attempt(&self) -> u32 {
+        self.failed_attempts.saturating_add(1)
     }
 }
 
@@ -773,9 +840,12 @@ fn message_id_of(delivery: &Delivery) -> &str {
 
 impl<S: Store> Inner<S> {
     /// One delivery, start to finish.
-    async fn process(&self, publisher: &Publisher, delivery: Delivery) {
+    async fn process(&self, publisher: &Publisher, mut delivery: Delivery) {
         let started = Instant::now();
         let received_at = Utc::now();
+        // From here on, only headers warren signed count as warren's; forged
+        // ones travel on, set apart, and decide nothing.
+        delivery.properties = self.signer().trusted(&delivery.properties);
         let history = History::of(&delivery);
         self.telemetry.in_flight(1.0);
         if let Some(sent) = *delivery.properties.timestamp() {
@@ -791,7 +861,7 @@ impl<S: Store> Inner<S> {
                 (outcome, None)
             }
             Ok(Prepared { meta, call }) => {
-                let outcome = match self.poison_check(&delivery, &meta, &history).await {
+                let outcome = match self.poison_check(&delivery, &meta).await {
                     Some(deliveries) => {
                         let detail = format!(
                             "delivered {deliveries} times without an outcome being recorded; \
@@ -803,15 +873,11 @@ impl<S: Store> Inner<S> {
                                 &delivery,
                                 DeadLetterReason::Poison,
                                 &detail,
-                                history.failed_attempts + 1,
+                                history.attempt(),
                             )
                             .await;
-                        if matches!(outcome, Outcome::DeadLettered(_)) && self.counts_redeliveries()
-                        {
-                            let _ = self
-                                .store
-                                .clear_redeliveries(None, &self.config.name, &meta.message_id)
-                                .await;
+                        if matches!(outcome, Outcome::DeadLettered(_)) {
+                            self.forget_redeliveries(&meta.message_id).await;
                         }
                         outcome
                     }
@@ -823,8 +889,7 @@ impl<S: Store> Inner<S> {
                             correlation_id: Some(&meta.correlation_id),
                             received_at,
                         };
-                        let forget_redeliveries =
-                            delivery.redelivered && self.counts_redeliveries();
+                        let forget_redeliveries = delivery.redelivered;
                         let applied = self
                             .watch_duration(
                                 &meta.message_id,
@@ -839,10 +904,7 @@ impl<S: Store> Inner<S> {
                         if forget_redeliveries
                             && matches!(outcome, Outcome::Retried | Outcome::DeadLettered(_))
                         {
-                            let _ = self
-                                .store
-                                .clear_redeliveries(None, &self.config.name, &meta.message_id)
-                                .await;
+                            self.forget_redeliveries(&meta.message_id).await;
                         }
                         outcome
                     }
@@ -894,43 +956,47 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    /// Classic queues keep no delivery count, so redeliveries are counted in the
-    /// database instead.
-    fn counts_redeliveries(&self) -> bool {
-        self.config.queue_type == QueueType::Classic
+    /// Drops the redelivery count of a message that moved on. A count left
+    /// behind is harmless for the message (it is not delivered again), but is
+    /// logged and counted: a store that keeps failing here needs looking at.
+    async fn forget_redeliveries(&self, message_id: &str) {
+        if let Err(e) = self
+            .store
+            .clear_redeliveries(None, &self.config.name, message_id)
+            .await
+        {
+            self.telemetry
+                .bookkeeping_error("clear_redeliveries", message_id, &e);
+        }
     }
 
     /// `Some(deliveries)` if the message has been handed out so often without any
     /// outcome that it must be killing the process: poison.
-    async fn poison_check(
-        &self,
-        delivery: &Delivery,
-        meta: &Metadata,
-        history: &History,
-    ) -> Option<u32> {
-        let limit = self.config.retry.poison_limit();
-        let deliveries = match self.config.queue_type {
-            QueueType::Quorum => history.broker_deliveries.unwrap_or(0),
-            // Only a redelivery can be part of a crash loop; warren's own returns
-            // to the queue are fresh copies, so they are not counted.
-            QueueType::Classic if delivery.redelivered => {
-                match self
-                    .store
-                    .record_redelivery(&self.config.name, &meta.message_id)
-                    .await
-                {
-                    Ok(n) => n,
-                    Err(e) => {
-                        // Without the count this delivery proceeds; the next one is
-                        // counted again.
-                        tracing::warn!(message_id = %meta.message_id, error = %e, "cannot count a redelivery");
-                        0
-                    }
-                }
+    ///
+    /// The count is warren's own, kept in the database, on every queue type: a
+    /// broker's delivery-count header can be set by a producer on a first
+    /// delivery (RabbitMQ 3.x passes it through), so no header decides this.
+    async fn poison_check(&self, delivery: &Delivery, meta: &Metadata) -> Option<u32> {
+        // Only a redelivery can be part of a crash loop; warren's own returns to
+        // the queue are fresh copies, so they are not counted.
+        if !delivery.redelivered {
+            return None;
+        }
+        let deliveries = match self
+            .store
+            .record_redelivery(&self.config.name, &meta.message_id)
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                // Without the count this delivery proceeds; the next one is
+                // counted again.
+                self.telemetry
+                    .bookkeeping_error("record_redelivery", &meta.message_id, &e);
+                0
             }
-            QueueType::Classic => 0,
         };
-        (deliveries >= limit).then_some(deliveries)
+        (deliveries >= self.config.retry.poison_limit()).then_some(deliveries)
     }
 
     /// Validates the delivery and binds it to its handler. No database, no broker.
@@ -944,6 +1010,7 @@ impl<S: Store> Inner<S> {
             Incoming {
                 message_id: props.message_id().as_ref().map(|s| s.as_str()),
                 content_type: props.content_type().as_ref().map(|s| s.as_str()),
+                content_encoding: props.content_encoding().as_ref().map(|s| s.as_str()),
                 body: &delivery.data,
             },
             self.config.max_body_bytes,
@@ -957,7 +1024,7 @@ impl<S: Store> Inner<S> {
                 envelope.payload(),
                 envelope.meta.clone(),
                 delivery.redelivered,
-                history.failed_attempts + 1,
+                history.attempt(),
             )
             .map_err(|e| {
                 InvalidMessage::new(
@@ -1025,7 +1092,7 @@ impl<S: Store> Inner<S> {
                 failpoint::hit("before-commit");
                 tx.commit().await.map_err(Failure::Store)?;
                 if enqueued > 0 {
-                    crate::relay::wake_relay();
+                    self.store.wakeups().wake();
                 }
                 failpoint::hit("after-commit-before-ack");
                 Ok(true)
@@ -1051,7 +1118,7 @@ impl<S: Store> Inner<S> {
         history: &History,
         applied: Result<bool, Failure>,
     ) -> Outcome {
-        let attempt = history.failed_attempts + 1;
+        let attempt = history.attempt();
         let (error, retry_after) = match applied {
             Ok(committed) => {
                 self.ack(delivery).await;
@@ -1130,10 +1197,22 @@ impl<S: Store> Inner<S> {
     }
 
     async fn ack(&self, delivery: &Delivery) {
-        match delivery.acker.ack(BasicAckOptions::default()).await {
+        let acked = broker::deadline("basic.ack", delivery.acker.ack(BasicAckOptions::default()));
+        match acked.await {
             Ok(true) => {}
             Ok(false) | Err(_) => self.telemetry.ack_lost(message_id_of(delivery)),
         }
+    }
+
+    /// Finishes a copy: headers cut to fit a frame, warren's own signed.
+    fn seal(&self, publisher: &Publisher, properties: BasicProperties) -> BasicProperties {
+        headers::seal(properties, self.signer(), publisher.frame_max())
+    }
+
+    fn signer(&self) -> &Signer {
+        self.signer
+            .get()
+            .expect("the signing key is loaded before any delivery is taken")
     }
 
     /// Sends a copy to the retry tier of `delay`, waits for the confirm, then acks
@@ -1147,7 +1226,7 @@ impl<S: Store> Inner<S> {
         error: &str,
     ) -> Outcome {
         let target = self.config.retry_queue(delay);
-        let properties = retry_properties(delivery, attempt, error);
+        let properties = self.seal(publisher, retry_properties(delivery, attempt, error));
         match publisher
             .publish_raw("", &target, &delivery.data, properties)
             .await
@@ -1206,7 +1285,10 @@ impl<S: Store> Inner<S> {
             first_failure: None,
             last_failure: Some(Utc::now()),
         };
-        let properties = info.apply_to(&delivery.properties);
+        let properties = self.seal(
+            publisher,
+            info.apply_to(&headers::copy_base(&delivery.properties, false)),
+        );
         let target = self.config.dead_letter_queue();
         match publisher
             .publish_raw("", &target, &delivery.data, properties)
@@ -1244,8 +1326,10 @@ impl<S: Store> Inner<S> {
     /// the main queue cannot take the copy either is the original nacked.
     async fn return_to_queue(&self, publisher: &Publisher, delivery: &Delivery) {
         tokio::time::sleep(self.config.failure_backoff).await;
-        let properties =
-            with_original_route(&without_broker_headers(&delivery.properties), delivery);
+        let properties = self.seal(
+            publisher,
+            with_original_route(&headers::copy_base(&delivery.properties, true), delivery),
+        );
         match publisher
             .publish_raw("", &self.config.queue, &delivery.data, properties)
             .await
@@ -1261,7 +1345,10 @@ impl<S: Store> Inner<S> {
                     multiple: false,
                     requeue: true,
                 };
-                if !matches!(delivery.acker.nack(requeue).await, Ok(true)) {
+                if !matches!(
+                    broker::deadline("basic.nack", delivery.acker.nack(requeue)).await,
+                    Ok(true)
+                ) {
                     // The channel is gone; the broker requeues the delivery itself.
                     tracing::warn!(
                         message_id = message_id_of(delivery),
@@ -1271,34 +1358,6 @@ impl<S: Store> Inner<S> {
             }
         }
     }
-}
-
-/// Headers the broker adds on its own (dead-lettering history, quorum delivery
-/// count). A republished copy drops them: they describe the old copy's life, and
-/// newer brokers ignore client-set `x-death` anyway.
-const BROKER_HEADERS: &[&str] = &[
-    "x-death",
-    "x-acquired-count",
-    "x-first-death-exchange",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-last-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
-    "x-delivery-count",
-];
-
-fn without_broker_headers(properties: &BasicProperties) -> BasicProperties {
-    let Some(headers) = properties.headers() else {
-        return properties.clone();
-    };
-    let kept: std::collections::BTreeMap<_, _> = headers
-        .inner()
-        .iter()
-        .filter(|(k, _)| !BROKER_HEADERS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    properties.clone().with_headers(FieldTable::from(kept))
 }
 
 /// `properties` with the delivery's exchange and routing key recorded, unless an
@@ -1321,10 +1380,7 @@ fn with_original_route(properties: &BasicProperties, delivery: &Delivery) -> Bas
 /// The properties of a copy bound for a retry tier: the original's, with the
 /// attempt count, failure times, last error and original route recorded.
 fn retry_properties(delivery: &Delivery, attempt: u32, error: &str) -> BasicProperties {
-    let base = with_original_route(
-        &dead_letter::without_expiration(&without_broker_headers(&delivery.properties)),
-        delivery,
-    );
+    let base = with_original_route(&headers::copy_base(&delivery.properties, false), delivery);
     let mut headers = base.headers().clone().unwrap_or_default();
     let now = dead_letter::time(Utc::now());
     if !headers.contains_key(HEADER_FIRST_FAILURE) {
@@ -1340,4 +1396,56 @@ fn retry_properties(delivery: &Delivery, attempt: u32, error: &str) -> BasicProp
         dead_letter::text(dead_letter::truncate(error, dead_letter::MAX_ERROR_LEN)),
     );
     base.with_headers(headers).with_delivery_mode(PERSISTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_that_ends_is_reported_and_restarted_until_shutdown() {
+        let telemetry = Telemetry::new("c", "q");
+        let stats = telemetry.stats().clone();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let runs = Arc::new(AtomicU32::new(0));
+        let started = Arc::clone(&runs);
+        let running = stopping.clone();
+        let supervisor = tokio::spawn(supervise(telemetry, stopping, move || {
+            let run = started.fetch_add(1, Ordering::SeqCst);
+            let mut stopping = running.clone();
+            async move {
+                match run {
+                    0 => panic!("relay bug"),
+                    1 => Err(Error::Task("relay gave up".into())),
+                    _ => {
+                        let _ = stopping.wait_for(|s| *s).await;
+                        Ok(())
+                    }
+                }
+            }
+        }));
+        // The first run panics: the health says so until the restart.
+        let mut saw_down = false;
+        for _ in 0..1000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            saw_down |= !stats.health().relay;
+            if runs.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+        }
+        assert!(saw_down, "an ended relay turns readiness red");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "restarted after a panic and an error"
+        );
+        assert!(
+            stats.health().relay,
+            "green again while the third run is up"
+        );
+        stop.send(true).unwrap();
+        supervisor.await.unwrap().unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "no restart after shutdown");
+    }
 }

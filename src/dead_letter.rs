@@ -80,33 +80,6 @@ pub(crate) fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
 
-/// `properties` without a per-message TTL (`expiration`), for copies that must
-/// not expire where they are going (dead-letter and retry queues).
-pub(crate) fn without_expiration(p: &BasicProperties) -> BasicProperties {
-    let mut out = BasicProperties::default();
-    macro_rules! copy {
-        ($($get:ident => $set:ident),*) => {
-            $(if let Some(v) = p.$get().clone() { out = out.$set(v); })*
-        };
-    }
-    copy!(
-        content_type => with_content_type,
-        content_encoding => with_content_encoding,
-        headers => with_headers,
-        delivery_mode => with_delivery_mode,
-        priority => with_priority,
-        correlation_id => with_correlation_id,
-        reply_to => with_reply_to,
-        message_id => with_message_id,
-        timestamp => with_timestamp,
-        kind => with_type,
-        user_id => with_user_id,
-        app_id => with_app_id,
-        cluster_id => with_cluster_id
-    );
-    out
-}
-
 /// Reads a header as text, whichever string type the producer used.
 pub fn header_str<'a>(headers: &'a FieldTable, name: &str) -> Option<std::borrow::Cow<'a, str>> {
     match headers.inner().get(name)? {
@@ -163,8 +136,9 @@ impl DeadLetterInfo {
             headers.insert(ShortString::from(k), v);
         }
         // A per-message TTL from the producer would make the copy expire from
-        // the dead-letter queue, which has nowhere to send it: dropped.
-        without_expiration(original)
+        // the dead-letter queue, which has nowhere to send it: dropped. So is the
+        // user id, which the broker checks against the publishing connection.
+        crate::headers::rebuild(original, false)
             .with_headers(headers)
             .with_delivery_mode(PERSISTENT)
     }
@@ -253,6 +227,7 @@ mod tests {
         let original = BasicProperties::default()
             .with_message_id("m1".into())
             .with_expiration("60000".into())
+            .with_user_id("A".into())
             .with_priority(3)
             .with_headers(original_headers);
         let info = DeadLetterInfo {
@@ -270,6 +245,11 @@ mod tests {
         assert_eq!(props.message_id().as_ref().unwrap().as_str(), "m1");
         assert_eq!(*props.delivery_mode(), Some(PERSISTENT));
         assert_eq!(*props.expiration(), None, "a dead letter must not expire");
+        assert_eq!(
+            *props.user_id(),
+            None,
+            "the broker would refuse another user's id"
+        );
         assert_eq!(*props.priority(), Some(3), "everything else is kept");
         let headers = props.headers().as_ref().unwrap();
         assert_eq!(header_str(headers, "tenant").unwrap(), "acme");

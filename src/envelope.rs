@@ -6,6 +6,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use lapin::BasicProperties;
+use lapin::types::ShortString;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -20,6 +21,12 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Longest message id accepted. Ids are stored in the inbox's primary key, so an
 /// unbounded id is an unbounded index entry.
 pub const MAX_MESSAGE_ID_LEN: usize = 200;
+
+/// Longest value, in bytes, of an AMQP short string: the limit of every property
+/// an envelope field is copied into (`type`, `correlation_id`, `message_id`). A
+/// longer value accepted here would be refused, or worse, panic the client, the
+/// moment warren published a message carrying it on.
+pub const MAX_SHORT_STRING_LEN: usize = 255;
 
 /// What the envelope says about a message, apart from its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +60,8 @@ pub struct Incoming<'a> {
     pub message_id: Option<&'a str>,
     /// The AMQP `content_type` property.
     pub content_type: Option<&'a str>,
+    /// The AMQP `content_encoding` property.
+    pub content_encoding: Option<&'a str>,
     /// The raw body.
     pub body: &'a [u8],
 }
@@ -115,20 +124,17 @@ impl Envelope {
                 ),
             ));
         }
-        match incoming.content_type {
-            Some(ct) if is_json_content_type(ct) => {}
-            Some(ct) => {
-                return Err(InvalidMessage::new(
-                    R::InvalidContentType,
-                    format!("content type is {ct:?}, expected {CONTENT_TYPE_JSON:?}"),
-                ));
-            }
-            None => {
-                return Err(InvalidMessage::new(
-                    R::InvalidContentType,
-                    format!("content type is missing, expected {CONTENT_TYPE_JSON:?}"),
-                ));
-            }
+        check_content_type(incoming.content_type)?;
+        if let Some(encoding) = incoming.content_encoding
+            && !(encoding.is_empty() || encoding.eq_ignore_ascii_case("identity"))
+        {
+            return Err(InvalidMessage::new(
+                R::UnsupportedContentEncoding,
+                format!(
+                    "content encoding is {:?}; warren reads only unencoded JSON",
+                    crate::dead_letter::truncate(encoding, 64)
+                ),
+            ));
         }
         let property_id = match incoming.message_id {
             Some(id) if !id.is_empty() => id,
@@ -139,6 +145,24 @@ impl Envelope {
                 ));
             }
         };
+        // serde lets a struct deserialize from a JSON array too (fields by
+        // position); an envelope is an object, nothing else.
+        let first = incoming
+            .body
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .copied();
+        if first != Some(b'{') {
+            let reason = if serde_json::from_slice::<serde::de::IgnoredAny>(incoming.body).is_ok() {
+                R::InvalidEnvelope
+            } else {
+                R::InvalidJson
+            };
+            return Err(InvalidMessage::new(
+                reason,
+                "the body must be a JSON object (an envelope)",
+            ));
+        }
         let wire: WireIn = serde_json::from_slice(incoming.body).map_err(|e| {
             let reason = if e.is_data() {
                 R::InvalidEnvelope
@@ -171,6 +195,17 @@ impl Envelope {
                 wire.causation_id.as_deref().unwrap_or_default(),
             ),
         ] {
+            // Each of these travels on in an AMQP short-string property (the
+            // outbox copies the correlation id onto every event it causes).
+            if value.len() > MAX_SHORT_STRING_LEN {
+                return Err(InvalidMessage::new(
+                    R::InvalidEnvelope,
+                    format!(
+                        "{field} is {} bytes, the limit is {MAX_SHORT_STRING_LEN}",
+                        value.len()
+                    ),
+                ));
+            }
             // A NUL byte, for one, is a string no PostgreSQL text column accepts:
             // refused here, it cannot turn into a database error later.
             if value.chars().any(char::is_control) {
@@ -205,9 +240,42 @@ impl Envelope {
     }
 }
 
-fn is_json_content_type(ct: &str) -> bool {
-    let essence = ct.split(';').next().unwrap_or_default().trim();
-    essence.eq_ignore_ascii_case(CONTENT_TYPE_JSON)
+/// The content type must be JSON, and any charset it names UTF-8: JSON in another
+/// charset would be misread as UTF-8 and its text fields silently changed.
+fn check_content_type(content_type: Option<&str>) -> Result<(), InvalidMessage> {
+    let refuse = |detail: String| {
+        Err(InvalidMessage::new(
+            DeadLetterReason::InvalidContentType,
+            detail,
+        ))
+    };
+    let Some(ct) = content_type else {
+        return refuse(format!(
+            "content type is missing, expected {CONTENT_TYPE_JSON:?}"
+        ));
+    };
+    let shown = crate::dead_letter::truncate(ct, 100);
+    let mut parts = ct.split(';');
+    let essence = parts.next().unwrap_or_default().trim();
+    if !essence.eq_ignore_ascii_case(CONTENT_TYPE_JSON) {
+        return refuse(format!(
+            "content type is {shown:?}, expected {CONTENT_TYPE_JSON:?}"
+        ));
+    }
+    for param in parts {
+        let Some((name, value)) = param.split_once('=') else {
+            continue;
+        };
+        if name.trim().eq_ignore_ascii_case("charset") {
+            let charset = value.trim().trim_matches('"');
+            if !(charset.eq_ignore_ascii_case("utf-8") || charset.eq_ignore_ascii_case("utf8")) {
+                return refuse(format!(
+                    "content type {shown:?} names a charset other than UTF-8"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A message ready to publish: envelope body plus the AMQP properties that go with it.
@@ -303,16 +371,64 @@ impl Outgoing {
         serde_json::to_vec(&wire).expect("an envelope of strings and raw JSON always serializes")
     }
 
+    /// Checks that every envelope field fits where it travels: ids and event type
+    /// non-empty, at most [`MAX_SHORT_STRING_LEN`] bytes (the AMQP limit of the
+    /// properties they are copied into; the message id at most
+    /// [`MAX_MESSAGE_ID_LEN`], what inboxes accept) and free of control
+    /// characters. [`Publisher::publish`](crate::Publisher::publish) and the
+    /// outbox refuse a message that fails this.
+    pub fn validate(&self) -> Result<(), String> {
+        let m = &self.meta;
+        let id_len = m.message_id.len();
+        if id_len == 0 || id_len > MAX_MESSAGE_ID_LEN {
+            return Err(format!(
+                "message id is {id_len} bytes; it must be 1 to {MAX_MESSAGE_ID_LEN}"
+            ));
+        }
+        if m.event_type.is_empty() {
+            return Err("event type is empty".into());
+        }
+        for (field, value) in [
+            ("message id", m.message_id.as_str()),
+            ("event type", m.event_type.as_str()),
+            ("correlation id", m.correlation_id.as_str()),
+            (
+                "causation id",
+                m.causation_id.as_deref().unwrap_or_default(),
+            ),
+        ] {
+            if value.len() > MAX_SHORT_STRING_LEN {
+                return Err(format!(
+                    "{field} is {} bytes, the limit is {MAX_SHORT_STRING_LEN}",
+                    value.len()
+                ));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(format!("{field} contains a control character"));
+            }
+        }
+        Ok(())
+    }
+
     /// AMQP properties: message id, type, JSON content type, correlation id,
-    /// timestamp, persistent delivery.
+    /// timestamp, persistent delivery. A field over the AMQP limit is left out
+    /// rather than panicking; [`validate`](Self::validate) reports it, and
+    /// warren's publishers refuse such a message before it gets here.
     pub fn properties(&self) -> BasicProperties {
-        BasicProperties::default()
-            .with_message_id(self.meta.message_id.as_str().into())
-            .with_type(self.meta.event_type.as_str().into())
+        let mut props = BasicProperties::default()
             .with_content_type(CONTENT_TYPE_JSON.into())
-            .with_correlation_id(self.meta.correlation_id.as_str().into())
             .with_timestamp(self.meta.occurred_at.timestamp().max(0) as u64)
-            .with_delivery_mode(PERSISTENT)
+            .with_delivery_mode(PERSISTENT);
+        if let Ok(id) = ShortString::try_new(self.meta.message_id.as_str()) {
+            props = props.with_message_id(id);
+        }
+        if let Ok(kind) = ShortString::try_new(self.meta.event_type.as_str()) {
+            props = props.with_type(kind);
+        }
+        if let Ok(correlation) = ShortString::try_new(self.meta.correlation_id.as_str()) {
+            props = props.with_correlation_id(correlation);
+        }
+        props
     }
 }
 
@@ -327,6 +443,7 @@ mod tests {
         Incoming {
             message_id: id,
             content_type: Some("application/json"),
+            content_encoding: None,
             body,
         }
     }
@@ -415,5 +532,51 @@ mod tests {
             ..incoming(Some(&id), &body)
         };
         assert!(Envelope::parse(with_charset, 1024).is_ok());
+        let latin1 = Incoming {
+            content_type: Some("application/json; charset=ISO-8859-1"),
+            ..incoming(Some(&id), &body)
+        };
+        assert_eq!(
+            reason(Envelope::parse(latin1, 1024)),
+            DeadLetterReason::InvalidContentType
+        );
+        let gzip = Incoming {
+            content_encoding: Some("gzip"),
+            ..incoming(Some(&id), &body)
+        };
+        assert_eq!(
+            reason(Envelope::parse(gzip, 1024)),
+            DeadLetterReason::UnsupportedContentEncoding
+        );
+    }
+
+    #[test]
+    fn only_objects_and_short_string_sized_fields_are_envelopes() {
+        let array = br#"["m1","t",1,"2026-01-01T00:00:00Z","c",null,{}]"#;
+        assert_eq!(
+            reason(Envelope::parse(incoming(Some("m1"), array), 1024)),
+            DeadLetterReason::InvalidEnvelope
+        );
+        for (field, len) in [
+            ("correlationId", 256),
+            ("eventType", 256),
+            ("causationId", 300),
+        ] {
+            let mut value = serde_json::json!({
+                "messageId": "m1", "eventType": "t", "schemaVersion": 1,
+                "occurredAtUtc": "2026-01-01T00:00:00Z", "correlationId": "c", "payload": {}
+            });
+            value[field] = serde_json::Value::String("é".repeat(len / 2 + 1));
+            let body = serde_json::to_vec(&value).unwrap();
+            let refused = Envelope::parse(incoming(Some("m1"), &body), 1 << 20).unwrap_err();
+            assert_eq!(refused.reason, DeadLetterReason::InvalidEnvelope, "{field}");
+            assert!(refused.detail.contains(field), "{}", refused.detail);
+        }
+        let fits = serde_json::json!({
+            "messageId": "m1", "eventType": "t", "schemaVersion": 1,
+            "occurredAtUtc": "2026-01-01T00:00:00Z", "correlationId": "c".repeat(255), "payload": {}
+        });
+        let body = serde_json::to_vec(&fits).unwrap();
+        assert!(Envelope::parse(incoming(Some("m1"), &body), 1 << 20).is_ok());
     }
 }

@@ -126,10 +126,15 @@ impl From<sqlx::Error> for HandlerError {
 }
 
 /// A store error inside a handler (writing to the outbox, say) is transient, for
-/// the same reasons as [`sqlx::Error`].
+/// the same reasons as [`sqlx::Error`], except a message the outbox refused as
+/// unpublishable: the same message would be refused on every attempt.
 impl From<crate::store::StoreError> for HandlerError {
     fn from(e: crate::store::StoreError) -> Self {
-        HandlerError::transient(e)
+        if matches!(e, crate::store::StoreError::InvalidMessage(_)) {
+            HandlerError::permanent(e)
+        } else {
+            HandlerError::transient(e)
+        }
     }
 }
 
@@ -140,8 +145,11 @@ impl From<crate::store::StoreError> for HandlerError {
 pub enum DeadLetterReason {
     /// The body exceeded the size limit.
     BodyTooLarge,
-    /// The content type was missing or not JSON.
+    /// The content type was missing or not JSON, or its charset was not UTF-8.
     InvalidContentType,
+    /// The AMQP `content_encoding` names an encoding warren does not decode
+    /// (`gzip`, say): parsing the bytes as plain JSON would misread them.
+    UnsupportedContentEncoding,
     /// The AMQP `message_id` property was missing or empty.
     MissingMessageId,
     /// The body was not valid JSON.
@@ -167,9 +175,10 @@ pub enum DeadLetterReason {
 
 impl DeadLetterReason {
     /// Every reason, for reports and tests.
-    pub const ALL: [DeadLetterReason; 12] = [
+    pub const ALL: [DeadLetterReason; 13] = [
         DeadLetterReason::BodyTooLarge,
         DeadLetterReason::InvalidContentType,
+        DeadLetterReason::UnsupportedContentEncoding,
         DeadLetterReason::MissingMessageId,
         DeadLetterReason::InvalidJson,
         DeadLetterReason::InvalidEnvelope,
@@ -187,6 +196,7 @@ impl DeadLetterReason {
         match self {
             DeadLetterReason::BodyTooLarge => "body-too-large",
             DeadLetterReason::InvalidContentType => "invalid-content-type",
+            DeadLetterReason::UnsupportedContentEncoding => "unsupported-content-encoding",
             DeadLetterReason::MissingMessageId => "missing-message-id",
             DeadLetterReason::InvalidJson => "invalid-json",
             DeadLetterReason::InvalidEnvelope => "invalid-envelope",

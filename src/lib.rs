@@ -26,6 +26,7 @@
 //! - `topology`: exchanges and queues as data ([`Topology`]).
 //! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
 //! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
+//! - `headers`: what a copy keeps and drops, warren's signed headers, frame-size bounds.
 //! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
 //! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
 //! - `database_url`: which database a URL names, passwords redacted ([`DatabaseUrl`]).
@@ -50,6 +51,7 @@ mod error;
 pub mod failpoint;
 mod failure;
 mod handler;
+mod headers;
 mod idempotency;
 pub mod outbox;
 mod registry;
@@ -62,8 +64,8 @@ mod telemetry;
 mod topology;
 
 pub use broker::{
-    BatchItem, BrokerError, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo, connect,
-    declare, delete, inspect_queue,
+    BatchItem, BrokerError, CALL_TIMEOUT, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo,
+    connect, declare, delete, inspect_queue,
 };
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
@@ -79,16 +81,17 @@ pub use dead_letter::{
 pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Selection};
 pub use envelope::{
     CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
-    MAX_MESSAGE_ID_LEN, Metadata, Outgoing,
+    MAX_MESSAGE_ID_LEN, MAX_SHORT_STRING_LEN, Metadata, Outgoing,
 };
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
 pub use handler::{Handler, Message};
+pub use headers::{HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_SIGNATURE, HEADER_UNVERIFIED};
 pub use idempotency::idempotency_key;
 pub use registry::Registry;
 pub use relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
-    Relay, RelayConfig, RelayStats, RelayStatsHandle, wake_relay,
+    Relay, RelayConfig, RelayStats, RelayStatsHandle,
 };
 pub use retention::{DEFAULT_REPLAY_MARGIN, PURGE_BATCH, check_window, purge_inbox};
 pub use retry::{
@@ -100,7 +103,8 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, is_connection_error,
+    Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, Wakeups,
+    is_connection_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
 pub use topology::{

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::{CONTENT_TYPE_JSON, Outgoing, PERSISTENT};
@@ -42,20 +42,29 @@ impl StoredProperties {
         }
     }
 
-    /// The AMQP properties to publish with, message id included.
-    pub fn to_amqp(&self, message_id: &str) -> BasicProperties {
+    /// The AMQP properties to publish with, message id included. A value that
+    /// does not fit its AMQP field (a short string over 255 bytes) is an error
+    /// naming the field: the relay marks such a row failed instead of panicking
+    /// on it.
+    pub fn to_amqp(&self, message_id: &str) -> Result<BasicProperties, String> {
+        let short = |field: &str, value: &str| {
+            ShortString::try_new(value).map_err(|e| format!("{field}: {e}"))
+        };
         let mut headers = FieldTable::default();
         for (k, v) in &self.headers {
-            headers.insert(k.as_str().into(), AMQPValue::LongString(v.as_str().into()));
+            headers.insert(
+                short("header name", k)?,
+                AMQPValue::LongString(v.as_str().into()),
+            );
         }
-        BasicProperties::default()
-            .with_message_id(message_id.into())
-            .with_type(self.event_type.as_str().into())
+        Ok(BasicProperties::default()
+            .with_message_id(short("message id", message_id)?)
+            .with_type(short("event type", &self.event_type)?)
             .with_content_type(CONTENT_TYPE_JSON.into())
-            .with_correlation_id(self.correlation_id.as_str().into())
+            .with_correlation_id(short("correlation id", &self.correlation_id)?)
             .with_timestamp(self.timestamp)
             .with_delivery_mode(PERSISTENT)
-            .with_headers(headers)
+            .with_headers(headers))
     }
 }
 
@@ -146,12 +155,19 @@ impl OutboxStatus {
 /// Writes `message` to the outbox on `conn`, inside the caller's open transaction.
 /// The relay publishes it to `exchange` with `routing_key` once that transaction
 /// has committed; if it rolls back, the message never existed.
+///
+/// A message that could never be published (an id, event type or correlation id
+/// the AMQP properties cannot carry, an exchange or routing key over 255 bytes)
+/// is refused here with [`StoreError::InvalidMessage`], while the caller can
+/// still act on it, rather than stored to fail in the relay later.
 pub async fn enqueue<DB: Dialect>(
     conn: &mut DB::Connection,
     exchange: &str,
     routing_key: &str,
     message: &Outgoing,
 ) -> Result<(), StoreError> {
+    check_route(exchange, routing_key).map_err(StoreError::InvalidMessage)?;
+    message.validate().map_err(StoreError::InvalidMessage)?;
     let properties = serde_json::to_string(&StoredProperties::of(message))
         .expect("properties of strings and numbers always serialize");
     let row = NewOutboxRow {
@@ -162,6 +178,20 @@ pub async fn enqueue<DB: Dialect>(
         body: message.body(),
     };
     DB::insert_outbox(conn, &row).await
+}
+
+/// Exchange names and routing keys are AMQP short strings.
+pub(crate) fn check_route(exchange: &str, routing_key: &str) -> Result<(), String> {
+    for (field, value) in [("exchange", exchange), ("routing key", routing_key)] {
+        if value.len() > crate::envelope::MAX_SHORT_STRING_LEN {
+            return Err(format!(
+                "{field} is {} bytes, the limit is {}",
+                value.len(),
+                crate::envelope::MAX_SHORT_STRING_LEN
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Parses a stored properties column; a row that cannot be read is failed, not

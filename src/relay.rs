@@ -8,12 +8,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use tokio::sync::Notify;
 
 use crate::Error;
 use crate::broker::{self, Backoff, BatchItem, Publisher};
@@ -33,20 +31,11 @@ pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(600);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How often the backlog gauges are refreshed.
 const BACKLOG_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+/// How long one batch may take to publish, row-by-row fallback included. The
+/// batch's rows stay locked (and a pooled connection held) meanwhile.
+const BATCH_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a stopping relay keeps publishing what is already committed.
 const FINAL_PASS: Duration = Duration::from_secs(5);
-
-/// Wakes relays in this process; the writer side calls it after a commit.
-static WAKE: LazyLock<Notify> = LazyLock::new(Notify::new);
-
-/// Wakes the relays of this process now instead of at their next poll. The
-/// consumer does this after committing a transaction that wrote outbox rows; call
-/// it after committing your own transaction that called
-/// [`enqueue`](crate::outbox::enqueue). (On PostgreSQL, relays in other processes
-/// are woken by `NOTIFY` at commit as well.)
-pub fn wake_relay() {
-    WAKE.notify_one();
-}
 
 /// Settings of a relay.
 #[derive(Debug, Clone)]
@@ -164,6 +153,13 @@ impl<S: OutboxStore> Relay<S> {
         }
     }
 
+    /// This relay, counting into `handle`'s counters: a restarted relay carries
+    /// on the counts of the one it replaces.
+    pub(crate) fn sharing(mut self, handle: &RelayStatsHandle) -> Self {
+        self.counters = Arc::clone(&handle.0);
+        self
+    }
+
     /// The counters now.
     pub fn stats(&self) -> RelayStats {
         self.stats_handle().snapshot()
@@ -225,6 +221,7 @@ impl<S: OutboxStore> Relay<S> {
         self.config.validate()?;
         failpoint::check_env().map_err(Error::Config)?;
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut wakeups = self.store.wakeups().subscribe();
         let mut listener = self.store.listen().await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot listen for outbox notifications; polling only");
             None
@@ -304,7 +301,7 @@ impl<S: OutboxStore> Relay<S> {
             }
             tokio::select! {
                 () = shutdown.as_mut() => stopping = Some(Instant::now()),
-                () = WAKE.notified() => {}
+                _ = wakeups.changed() => {}
                 () = wait_for_notification(&mut listener) => {}
                 () = tokio::time::sleep(self.config.poll_interval) => {}
             }
@@ -377,25 +374,59 @@ async fn wait_for_notification(listener: &mut Option<crate::store::OutboxListene
 }
 
 /// Publishes `rows` as one pipelined batch and maps each confirm to an outcome.
+/// The whole batch, fallback included, has one deadline: rows still unconfirmed
+/// when it passes stay pending, and the row locks are released.
 async fn publish_rows(publisher: &Publisher, rows: Vec<OutboxRow>) -> Vec<(i64, RowOutcome)> {
-    let properties: Vec<_> = rows
-        .iter()
-        .map(|r| r.properties.to_amqp(&r.message_id))
-        .collect();
-    let items: Vec<BatchItem<'_>> = rows
-        .iter()
-        .zip(properties)
-        .map(|(r, properties)| BatchItem {
-            exchange: &r.exchange,
-            routing_key: &r.routing_key,
-            body: &r.body,
-            properties,
-        })
-        .collect();
+    match tokio::time::timeout(BATCH_DEADLINE, publish_rows_inner(publisher, &rows)).await {
+        Ok(outcomes) => outcomes,
+        Err(_) => {
+            tracing::warn!(
+                rows = rows.len(),
+                deadline = ?BATCH_DEADLINE,
+                "the broker did not confirm the outbox batch in time; the rows stay pending"
+            );
+            let reason = format!("no confirm within the batch deadline of {BATCH_DEADLINE:?}");
+            rows.iter()
+                .map(|r| (r.id, RowOutcome::Retry(reason.clone())))
+                .collect()
+        }
+    }
+}
+
+async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i64, RowOutcome)> {
+    // A row whose stored properties cannot be expressed in AMQP is failed here,
+    // alone; the others go out.
+    let mut outcomes: Vec<Option<RowOutcome>> = Vec::with_capacity(rows.len());
+    let mut items: Vec<BatchItem<'_>> = Vec::with_capacity(rows.len());
+    let mut item_rows = Vec::with_capacity(rows.len());
+    for (i, r) in rows.iter().enumerate() {
+        match r.properties.to_amqp(&r.message_id) {
+            Ok(properties) => {
+                outcomes.push(None);
+                item_rows.push(i);
+                items.push(BatchItem {
+                    exchange: &r.exchange,
+                    routing_key: &r.routing_key,
+                    body: &r.body,
+                    properties,
+                });
+            }
+            Err(e) => {
+                tracing::error!(
+                    row_id = r.id,
+                    error = %e,
+                    "outbox row cannot be published; marked failed"
+                );
+                outcomes.push(Some(RowOutcome::Failed(format!(
+                    "cannot be published: {e}"
+                ))));
+            }
+        }
+    }
     let mut results = publisher.publish_batch(&items).await;
     let channel_failed = results
         .iter()
-        .any(|r| matches!(r, Err(e) if !e.is_unroutable()));
+        .any(|r| matches!(r, Err(e) if !e.is_unroutable() && !e.is_invalid()));
     if channel_failed && items.len() > 1 {
         // One bad row (an exchange that does not exist makes the broker close the
         // channel) fails every row pipelined with it. Publishing the batch again
@@ -416,24 +447,29 @@ async fn publish_rows(publisher: &Publisher, rows: Vec<OutboxRow>) -> Vec<(i64, 
         }
     }
     failpoint::hit("relay-after-publish-before-mark");
+    for (i, result) in item_rows.into_iter().zip(results) {
+        let row = &rows[i];
+        outcomes[i] = Some(match result {
+            Ok(()) => RowOutcome::Published,
+            Err(e) if e.is_unroutable() || e.is_not_found() || e.is_invalid() => {
+                tracing::error!(
+                    row_id = row.id,
+                    message_id = %row.message_id,
+                    error = %e,
+                    "outbox message cannot be published; marked failed"
+                );
+                RowOutcome::Failed(e.to_string())
+            }
+            Err(e) => RowOutcome::Retry(e.to_string()),
+        });
+    }
     rows.iter()
-        .zip(results)
-        .map(|(row, result)| {
-            let outcome = match result {
-                Ok(()) => RowOutcome::Published,
-                Err(e) if e.is_unroutable() || e.is_not_found() => {
-                    tracing::error!(
-                        message_id = %row.message_id,
-                        exchange = %row.exchange,
-                        routing_key = %row.routing_key,
-                        error = %e,
-                        "outbox message cannot be routed; marked failed"
-                    );
-                    RowOutcome::Failed(e.to_string())
-                }
-                Err(e) => RowOutcome::Retry(e.to_string()),
-            };
-            (row.id, outcome)
+        .zip(outcomes)
+        .map(|(row, outcome)| {
+            (
+                row.id,
+                outcome.unwrap_or_else(|| RowOutcome::Retry("not published".into())),
+            )
         })
         .collect()
 }

@@ -67,6 +67,7 @@ struct Counters {
     consuming: AtomicBool,
     /// Cleared when warren's own statements fail, set again by a successful probe.
     database_ok: AtomicBool,
+    relay_down: AtomicBool,
     /// The publishing connection is blocked by a broker memory or disk alarm.
     blocked: AtomicBool,
     applied: AtomicU64,
@@ -83,6 +84,7 @@ impl Default for Counters {
         Self {
             consuming: AtomicBool::new(false),
             database_ok: AtomicBool::new(true),
+            relay_down: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
             applied: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
@@ -105,12 +107,15 @@ pub struct Health {
     pub database: bool,
     /// The publishing connection is blocked by a broker resource alarm.
     pub blocked: bool,
+    /// The outbox relay run beside the consumer is running (true where there
+    /// is no relay). False between a relay's unexpected end and its restart.
+    pub relay: bool,
 }
 
 impl Health {
-    /// Ready to do work: consuming, database reachable, not blocked.
+    /// Ready to do work: consuming, database reachable, not blocked, relay running.
     pub fn is_ready(&self) -> bool {
-        self.consuming && self.database && !self.blocked
+        self.consuming && self.database && !self.blocked && self.relay
     }
 }
 
@@ -131,6 +136,7 @@ impl StatsHandle {
             consuming: self.0.consuming.load(Ordering::Relaxed),
             database: self.0.database_ok.load(Ordering::Relaxed),
             blocked: self.0.blocked.load(Ordering::Relaxed),
+            relay: !self.0.relay_down.load(Ordering::Relaxed),
         }
     }
 
@@ -211,6 +217,19 @@ impl Telemetry {
         metrics::gauge!("consumer_database_up", &self.labels()).set(if ok { 1.0 } else { 0.0 });
     }
 
+    /// Records whether the relay run beside the consumer is running.
+    pub(crate) fn set_relay_running(&self, running: bool) {
+        self.stats.0.relay_down.store(!running, Ordering::Relaxed);
+        let labels = [("consumer", self.consumer.to_string())];
+        metrics::gauge!("outbox_relay_up", &labels).set(if running { 1.0 } else { 0.0 });
+    }
+
+    /// Counts a restart of a relay that ended while the consumer ran.
+    pub(crate) fn relay_restarted(&self) {
+        let labels = [("consumer", self.consumer.to_string())];
+        metrics::counter!("outbox_relay_restarts_total", &labels).increment(1);
+    }
+
     pub(crate) fn set_blocked(&self, blocked: bool) {
         let was = self.stats.0.blocked.swap(blocked, Ordering::Relaxed);
         if was != blocked {
@@ -240,6 +259,29 @@ impl Telemetry {
         ];
         metrics::gauge!("rabbitmq_queue_messages_ready", &labels).set(f64::from(ready));
         metrics::gauge!("rabbitmq_queue_consumers", &labels).set(f64::from(consumers));
+    }
+
+    /// A bookkeeping statement of warren's own failed (a redelivery count not
+    /// recorded or not cleared): logged and counted, never silently dropped.
+    pub(crate) fn bookkeeping_error(
+        &self,
+        operation: &'static str,
+        message_id: &str,
+        error: &dyn std::fmt::Display,
+    ) {
+        tracing::warn!(
+            consumer_name = %self.consumer,
+            message_id,
+            operation,
+            error = %error,
+            "bookkeeping statement failed"
+        );
+        let [consumer, queue] = self.labels();
+        metrics::counter!(
+            "consumer_bookkeeping_errors_total",
+            &[consumer, queue, ("operation", operation.to_owned())]
+        )
+        .increment(1);
     }
 
     pub(crate) fn slow_handler(&self) {

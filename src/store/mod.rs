@@ -110,6 +110,41 @@ pub trait Dialect: Database {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
 }
 
+/// The name of the signing key in `warren_settings`.
+pub(crate) const SIGNING_KEY_SETTING: &str = "header-signing-key";
+
+/// 256 random bits from the operating system, hex-encoded.
+pub(crate) fn new_signing_key() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Wake-ups for the relays of one store: each relay holds a receiver and sees
+/// every wake-up sent after it last looked, so none is lost while a relay is
+/// busy publishing, and every relay on the store wakes, not just one.
+#[derive(Debug, Clone)]
+pub struct Wakeups(std::sync::Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for Wakeups {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl Wakeups {
+    /// Wakes every relay of the store. Call it after committing a transaction
+    /// that wrote outbox rows with [`enqueue`](crate::outbox::enqueue); the
+    /// consumer does so itself for handlers' [`Tx::publish`].
+    pub fn wake(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
 /// One row of the inbox: the claim a consumer makes on a message id.
 #[derive(Debug, Clone)]
 pub struct InboxEntry<'a> {
@@ -140,6 +175,16 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Checks that the database answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The key warren signs its own headers with (see the README, "What a
+    /// producer cannot forge"). Created at random the first time any process
+    /// asks, and kept in `warren_settings`, so every process on this database
+    /// verifies what the others signed, across restarts.
+    fn signing_key(&self) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
+
+    /// Wakes the outbox relays running on this store (and its clones) now
+    /// instead of at their next poll.
+    fn wakeups(&self) -> &Wakeups;
 
     /// Checks, just before the commit, that the transaction can still commit. On
     /// PostgreSQL a statement that failed aborts the whole transaction, and a
@@ -279,6 +324,10 @@ pub enum StoreError {
     /// The database URL or options are not usable.
     #[error("invalid database configuration: {0}")]
     Config(String),
+    /// A message handed to the outbox could never be published (a field too long
+    /// for its AMQP property, say). Nothing was written.
+    #[error("message refused by the outbox: {0}")]
+    InvalidMessage(String),
 }
 
 impl StoreError {

@@ -13,7 +13,7 @@ use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
 
 use super::{
     Dialect, InboxEntry, Migration, Migrations, OutboxListener, OutboxStore, RawOutboxRow, Store,
-    StoreError, Tx, failed_rows, outbox_rows,
+    StoreError, Tx, Wakeups, failed_rows, outbox_rows,
 };
 
 const MIGRATIONS: Migrations = Migrations {
@@ -82,6 +82,14 @@ const MIGRATIONS: Migrations = Migrations {
                 "CREATE INDEX warren_redeliveries_age ON warren_redeliveries (consumer_name, last_delivered_at)",
             ],
         },
+        Migration {
+            version: 5,
+            name: "settings",
+            statements: &["CREATE TABLE warren_settings (
+                name  TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )"],
+        },
     ],
 };
 
@@ -92,6 +100,7 @@ const MIGRATIONS: Migrations = Migrations {
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    wakeups: Wakeups,
 }
 
 impl PgStore {
@@ -113,12 +122,15 @@ impl PgStore {
             .max_connections(max_connections.max(1))
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        Ok(Self::from_pool(pool))
     }
 
     /// Wraps an existing pool, for applications that already have one.
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            wakeups: Wakeups::default(),
+        }
     }
 
     /// The pool, for the application's own queries outside a handler.
@@ -148,6 +160,27 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn signing_key(&self) -> Result<Vec<u8>, StoreError> {
+        // Every process on this database races to insert its candidate; the
+        // first insert wins and all of them read the same key back.
+        sqlx::query(
+            "INSERT INTO warren_settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(super::SIGNING_KEY_SETTING)
+        .bind(super::new_signing_key())
+        .execute(&self.pool)
+        .await?;
+        let key: String = sqlx::query_scalar("SELECT value FROM warren_settings WHERE name = $1")
+            .bind(super::SIGNING_KEY_SETTING)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(key.into_bytes())
+    }
+
+    fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
     }
 
     async fn check_before_commit<'a>(&'a self, tx: &'a mut Tx<Postgres>) -> Result<(), StoreError> {

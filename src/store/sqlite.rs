@@ -16,7 +16,7 @@ use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
 
 use super::{
     Dialect, InboxEntry, Migration, Migrations, OutboxStore, RawOutboxRow, Store, StoreError, Tx,
-    failed_rows, outbox_rows,
+    Wakeups, failed_rows, outbox_rows,
 };
 
 const MIGRATIONS: Migrations = Migrations {
@@ -90,6 +90,14 @@ const MIGRATIONS: Migrations = Migrations {
                 "CREATE INDEX warren_redeliveries_age ON warren_redeliveries (consumer_name, last_delivered_at)",
             ],
         },
+        Migration {
+            version: 6,
+            name: "settings",
+            statements: &["CREATE TABLE warren_settings (
+                name  TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )"],
+        },
     ],
 };
 
@@ -111,6 +119,7 @@ pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    wakeups: Wakeups,
 }
 
 impl SqliteStore {
@@ -144,7 +153,10 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(60))
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            wakeups: Wakeups::default(),
+        })
     }
 
     /// The pool, for the application's own queries outside a handler.
@@ -169,6 +181,27 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn signing_key(&self) -> Result<Vec<u8>, StoreError> {
+        // Every process on this file races to insert its candidate; the first
+        // insert wins and all of them read the same key back.
+        sqlx::query(
+            "INSERT INTO warren_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(super::SIGNING_KEY_SETTING)
+        .bind(super::new_signing_key())
+        .execute(&self.pool)
+        .await?;
+        let key: String = sqlx::query_scalar("SELECT value FROM warren_settings WHERE name = ?")
+            .bind(super::SIGNING_KEY_SETTING)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(key.into_bytes())
+    }
+
+    fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
     }
 
     async fn check_before_commit<'a>(&'a self, _tx: &'a mut Tx<Sqlite>) -> Result<(), StoreError> {

@@ -28,12 +28,13 @@ async fn metrics(extract::State(state): extract::State<State>) -> String {
 }
 
 /// Ready while the broker and the database are reachable, the consumer is
-/// subscribed and not draining, and publishing is not blocked by a broker alarm.
+/// subscribed and not draining, publishing is not blocked by a broker alarm, and
+/// the outbox relay is running.
 async fn ready(extract::State(state): extract::State<State>) -> (StatusCode, String) {
     let h = state.stats.health();
     let body = format!(
-        "consuming {}\ndatabase {}\nblocked {}\n",
-        h.consuming, h.database, h.blocked
+        "consuming {}\ndatabase {}\nblocked {}\nrelay {}\n",
+        h.consuming, h.database, h.blocked, h.relay
     );
     if h.is_ready() {
         (StatusCode::OK, body)
