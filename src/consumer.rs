@@ -195,8 +195,14 @@ impl ConsumerConfig {
     /// Checks every setting; the error names the setting and what is allowed.
     pub fn validate(&self) -> Result<(), Error> {
         let fail = |msg: String| Err(Error::Config(msg));
-        if self.name.trim().is_empty() {
-            return fail("consumer name must not be empty".into());
+        if self.name.trim().is_empty() || self.name.len() > 200 {
+            return fail(format!(
+                "consumer name must be 1 to 200 bytes, got {} bytes",
+                self.name.len()
+            ));
+        }
+        if self.name.chars().any(char::is_control) || self.queue.chars().any(char::is_control) {
+            return fail("consumer and queue names must not contain control characters".into());
         }
         if self.queue.trim().is_empty() || self.queue.len() > 200 {
             return fail(format!(
@@ -436,22 +442,26 @@ impl<S: Store> Consumer<S> {
                 }
             };
         let opened = async {
-            let setup = consume.create_channel().await?;
+            let setup = broker::deadline("opening a channel", consume.create_channel()).await?;
             broker::declare(&setup, &self.topology()).await?;
-            let _ = setup.close(200, "topology declared".into()).await;
-            let channel = consume.create_channel().await?;
-            channel
-                .basic_qos(config.prefetch, BasicQosOptions::default())
-                .await?;
+            broker::close_channel(&setup, "topology declared").await;
+            let channel = broker::deadline("opening a channel", consume.create_channel()).await?;
+            broker::deadline(
+                "basic.qos",
+                channel.basic_qos(config.prefetch, BasicQosOptions::default()),
+            )
+            .await?;
             let tag = format!("warren.{}.{}", config.name, uuid::Uuid::now_v7());
-            let deliveries = channel
-                .basic_consume(
-                    config.queue.as_str().into(),
-                    tag.as_str().into(),
+            let deliveries = broker::deadline(
+                "basic.consume",
+                channel.basic_consume(
+                    broker::short("queue name", &config.queue)?,
+                    broker::short("consumer tag", &tag)?,
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
-                )
-                .await?;
+                ),
+            )
+            .await?;
             Ok::<_, Error>((channel, tag, deliveries))
         }
         .await;

@@ -106,10 +106,10 @@ pub use store::{
     Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, Wakeups,
     is_connection_error,
 };
-pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
+pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
-    dead_letter_queue_name, retry_queue_name,
+    UNBOUNDED_DELIVERY_LIMIT, dead_letter_queue_name, retry_queue_name,
 };
 
 /// The AMQP client warren is built on, re-exported so that applications use the

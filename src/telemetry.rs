@@ -97,6 +97,25 @@ impl Default for Counters {
     }
 }
 
+/// `tracing` filter directives that keep message payloads out of the logs. The
+/// AMQP client logs a returned message, body included, at WARN
+/// (`lapin::returned_messages`) and every frame at TRACE (`lapin::frames`,
+/// `lapin::channels`); warren handles returns itself and says what matters.
+/// Add each to your `EnvFilter` after reading `RUST_LOG`, so that no setting
+/// turns them back on:
+///
+/// ```
+/// let mut filter = tracing_subscriber::EnvFilter::new("info");
+/// for directive in warren::PAYLOAD_SAFE_LOG_DIRECTIVES {
+///     filter = filter.add_directive(directive.parse().expect("a valid directive"));
+/// }
+/// ```
+pub const PAYLOAD_SAFE_LOG_DIRECTIVES: &[&str] = &[
+    "lapin::returned_messages=off",
+    "lapin::frames=off",
+    "lapin::channels=info",
+];
+
 /// What a readiness probe needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Health {

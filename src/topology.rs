@@ -126,6 +126,10 @@ pub struct Topology {
     pub bindings: Vec<BindingSpec>,
 }
 
+/// The delivery limit of the retry tiers and the dead-letter queue: large enough
+/// never to be reached, explicit so that no broker version's default applies.
+pub const UNBOUNDED_DELIVERY_LIMIT: i64 = 1_000_000_000;
+
 /// The dead-letter queue's name for a consumer queue `queue`: `queue.dead-letter`.
 pub fn dead_letter_queue_name(queue: &str) -> String {
     format!("{queue}.dead-letter")
@@ -149,6 +153,18 @@ impl QueueSpec {
     /// Where the broker itself dead-letters (TTL expiry, delivery limit): the
     /// default exchange with `routing_key`, at-least-once on quorum queues so a
     /// message is not dropped on its way.
+    /// Every quorum queue warren declares gets an explicit delivery limit. Left
+    /// out, RabbitMQ 4.0+ applies a default of 20, which would drop dead letters
+    /// after twenty browses by `warren dlq list`; and no negative value means
+    /// "unlimited" on both 3.x (where it means 0) and 4.x. A large positive limit
+    /// is the one value that reads the same on every version.
+    fn quorum_delivery_limit(self, queue_type: QueueType, limit: i64) -> Self {
+        match queue_type {
+            QueueType::Quorum => self.arg("x-delivery-limit", ArgValue::Int(limit)),
+            QueueType::Classic => self,
+        }
+    }
+
     fn dead_letter_to(self, routing_key: &str, queue_type: QueueType) -> Self {
         let spec = self
             .str_arg("x-dead-letter-exchange", "")
@@ -201,12 +217,14 @@ impl Topology {
             topology.queues.push(
                 QueueSpec::new(retry_queue_name(&config.queue, *delay), config.queue_type)
                     .arg("x-message-ttl", ArgValue::Int(ttl))
+                    .quorum_delivery_limit(config.queue_type, UNBOUNDED_DELIVERY_LIMIT)
                     .dead_letter_to(&config.queue, config.queue_type),
             );
         }
-        topology
-            .queues
-            .push(QueueSpec::new(dead_letter, config.queue_type));
+        topology.queues.push(
+            QueueSpec::new(dead_letter, config.queue_type)
+                .quorum_delivery_limit(config.queue_type, UNBOUNDED_DELIVERY_LIMIT),
+        );
         topology
     }
 
@@ -268,6 +286,14 @@ mod tests {
             }]
         );
         assert_eq!(arg(main, "x-queue-type"), s("quorum"));
+        for q in &t.queues[1..] {
+            assert_eq!(
+                arg(q, "x-delivery-limit"),
+                ArgValue::Int(UNBOUNDED_DELIVERY_LIMIT),
+                "{} has an explicit limit",
+                q.name
+            );
+        }
     }
 
     #[test]

@@ -553,12 +553,15 @@ async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // After RUST_LOG, so that no setting lets payloads into the logs.
+    for directive in warren::PAYLOAD_SAFE_LOG_DIRECTIVES {
+        filter = filter.add_directive(directive.parse().expect("warren's directives parse"));
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -208,8 +208,12 @@ impl Config {
 }
 
 fn init_logging(format: Option<LogFormat>, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // After RUST_LOG, so that no setting lets payloads into the logs.
+    for directive in warren::PAYLOAD_SAFE_LOG_DIRECTIVES {
+        filter = filter.add_directive(directive.parse().expect("warren's directives parse"));
+    }
     let json = match format {
         Some(LogFormat::Json) => true,
         Some(LogFormat::Text) => false,
