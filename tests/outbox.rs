@@ -258,7 +258,7 @@ async fn broker_down_rows_wait_and_are_published_after<B: Backend>() {
             .unwrap();
     }
     tx.commit().await.unwrap();
-    db.store.wakeups().wake();
+    warren::Store::wakeups(&db.store).wake();
     // The relay keeps trying for a while; nothing can go out.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let status = db.store.outbox_status().await.unwrap();

@@ -9,6 +9,7 @@ mod cli;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod failures;
+mod hostile;
 mod inbox;
 mod outages;
 mod outbox;

@@ -80,6 +80,9 @@ pub enum Mode {
     PermanentWhileBroken { switch: String },
     /// Run a failing statement, ignore its error, and report success.
     SwallowError,
+    /// Write an outbox event whose event type no AMQP property can carry, and
+    /// pass on the outbox's refusal.
+    EmitUnpublishable,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -194,6 +197,8 @@ pub trait Backend: warren::Dialect {
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
     /// Runs a `SELECT count(...)` query.
     fn count(store: &Self::S, sql: String) -> impl Future<Output = i64> + Send;
+    /// Runs a statement.
+    fn exec(store: &Self::S, sql: String) -> impl Future<Output = ()> + Send;
 }
 
 pub struct TestDb<B: Backend> {
@@ -301,6 +306,13 @@ impl Backend for Postgres {
             .await
             .unwrap()
     }
+
+    async fn exec(store: &PgStore, sql: String) {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
 }
 
 impl Backend for Sqlite {
@@ -348,6 +360,13 @@ impl Backend for Sqlite {
             .fetch_one(store.pool())
             .await
             .unwrap()
+    }
+
+    async fn exec(store: &SqliteStore, sql: String) {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
     }
 }
 
@@ -400,6 +419,11 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
         }
         Mode::TransientAfter { .. } => Ok(()),
         Mode::Abort => std::process::abort(),
+        Mode::EmitUnpublishable => {
+            let event = Outgoing::new("e".repeat(300), 1, &serde_json::json!({})).unwrap();
+            tx.publish(&job.emit_to, "out.event", event).await?;
+            Ok(())
+        }
         Mode::SwallowError => {
             let _ = B::count_in(tx, "SELECT count(*) FROM no_such_table").await;
             Ok(())
@@ -643,6 +667,32 @@ impl Running {
             stop: Some(stop),
             handle,
         }
+    }
+
+    /// Starts `consumer` with an outbox relay beside it (`run_with_relay`).
+    pub fn start_with_relay<S: warren::OutboxStore>(
+        consumer: Consumer<S>,
+        relay: warren::RelayConfig,
+    ) -> Self {
+        let stats = consumer.stats();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            consumer
+                .run_with_relay(&amqp_url(), relay, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Running {
+            stats,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// True while `run` has not returned (nothing stopped the consumer).
+    pub fn is_running(&self) -> bool {
+        !self.handle.is_finished()
     }
 
     /// Requests a graceful shutdown and waits for `run` to return.
