@@ -101,6 +101,7 @@ pub use store::PgStore;
 pub use store::SqliteStore;
 pub use store::{
     Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, is_connection_error,
+    is_permanent_data_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
 pub use topology::{
