@@ -68,7 +68,11 @@ impl std::error::Error for AmountError {}
 /// and may be megabytes long.
 pub fn shown(text: &str) -> String {
     const MAX: usize = 40;
-    let mut out: String = text.chars().take(MAX).flat_map(char::escape_debug).collect();
+    let mut out: String = text
+        .chars()
+        .take(MAX)
+        .flat_map(char::escape_debug)
+        .collect();
     if text.chars().nth(MAX).is_some() {
         out.push_str("...");
     }
@@ -84,8 +88,8 @@ impl Amount {
     pub fn from_json(raw: &str) -> Result<Amount, AmountError> {
         let raw = raw.trim();
         if raw.starts_with('"') {
-            let text: String = serde_json::from_str(raw)
-                .map_err(|_| AmountError::NotADecimal(shown(raw)))?;
+            let text: String =
+                serde_json::from_str(raw).map_err(|_| AmountError::NotADecimal(shown(raw)))?;
             Amount::parse(&text)
         } else {
             Amount::parse(raw)
@@ -197,7 +201,10 @@ mod tests {
         assert_eq!(Amount::from_json("\"12.50\"").unwrap().to_string(), "12.50");
         assert_eq!(Amount::parse("0.05").unwrap().to_string(), "0.05");
         assert_eq!(Amount::parse("-0.00").unwrap().to_string(), "0.00");
-        assert_eq!(Amount::parse("9223372036854775808").unwrap().floor(), 9_223_372_036_854_775_808);
+        assert_eq!(
+            Amount::parse("9223372036854775808").unwrap().floor(),
+            9_223_372_036_854_775_808
+        );
     }
 
     #[test]

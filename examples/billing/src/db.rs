@@ -331,8 +331,9 @@ impl BillingDb for Sqlite {
         // SQLite's sum() goes through a float (or stops at i64) for decimal text,
         // so the sums are taken here, exactly.
         let mut loyalty_sum: i128 = 0;
-        let mut points = sqlx::query_scalar::<_, String>("SELECT CAST(points AS TEXT) FROM loyalty_points")
-            .fetch(store.pool());
+        let mut points =
+            sqlx::query_scalar::<_, String>("SELECT CAST(points AS TEXT) FROM loyalty_points")
+                .fetch(store.pool());
         while let Some(p) = points.try_next().await? {
             loyalty_sum = loyalty_sum
                 .checked_add(integer(&p)?)

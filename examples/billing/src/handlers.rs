@@ -63,8 +63,7 @@ fn identifier(field: &str, value: &str) -> Result<(), HandlerError> {
     }
     if let Some((at, c)) = value.chars().enumerate().find(|&(_, c)| !id_char(c)) {
         return Err(HandlerError::permanent(format!(
-            "{field} has {:?} at position {at}; allowed are A-Z, a-z, 0-9 and - _ . : /",
-            c
+            "{field} has {c:?} at position {at}; allowed are A-Z, a-z, 0-9 and - _ . : /"
         )));
     }
     Ok(())

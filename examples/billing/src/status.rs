@@ -73,7 +73,9 @@ pub fn print(report: &Report) {
     for (currency, total) in &c.paid {
         match total {
             Some(total) => println!("amount paid {currency:<12} {total}"),
-            None => println!("amount paid {currency:<12} not exact: holds an amount stored before amounts were checked"),
+            None => println!(
+                "amount paid {currency:<12} not exact: holds an amount stored before amounts were checked"
+            ),
         }
     }
     println!("outbox pending           {}", report.outbox.pending);

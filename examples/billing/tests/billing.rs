@@ -596,12 +596,20 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
             "{status}"
         );
     }
-    assert_eq!(line_value(&status, "permanent-failure"), Some(8), "{status}");
+    assert_eq!(
+        line_value(&status, "permanent-failure"),
+        Some(8),
+        "{status}"
+    );
     assert_eq!(line_value(&status, "queue ready"), Some(0), "{status}");
 
     let stored = db.stored().await;
     let want: Vec<(String, String, String)> = [
-        ("cus_big", "1234567890123456789012345678.90", "1234567890123456789012345678"),
+        (
+            "cus_big",
+            "1234567890123456789012345678.90",
+            "1234567890123456789012345678",
+        ),
         ("cus_fifth", "0.2", "0"),
         ("cus_i64", "9223372036854775808", "9223372036854775808"),
         ("cus_old", "7.5", "7"),
@@ -627,7 +635,11 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
         assert_eq!(info.reason, "permanent-failure", "{want}");
         assert_eq!(info.attempts, 1, "refused at once, never retried: {want}");
         assert!(info.error.contains(want), "{want}: {}", info.error);
-        assert!(info.error.len() < 300, "no value copied whole: {}", info.error);
+        assert!(
+            info.error.len() < 300,
+            "no value copied whole: {}",
+            info.error
+        );
     }
 
     let pid = run.id().unwrap();
