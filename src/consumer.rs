@@ -803,6 +803,21 @@ fn is_database_outage(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// True if `error` is (or wraps) a database error no retry can fix.
+fn is_data_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = current {
+        if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
+            return crate::store::is_permanent_data_error(sqlx_error);
+        }
+        if let Some(store_error) = e.downcast_ref::<StoreError>() {
+            return store_error.is_permanent_data_error();
+        }
+        current = e.source();
+    }
+    false
+}
+
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
@@ -1149,6 +1164,32 @@ impl<S: Store> Inner<S> {
                     )
                     .await;
             }
+            // The database refused the data itself (see `store::is_permanent_data_error`):
+            // every retry would fail the same way, so spend no retry tiers on it.
+            Err(Failure::Handler(e)) if e.is_transient() && is_data_refused(e.error()) => {
+                let error = format!("the database refused the data: {}", e.error());
+                return self
+                    .dead_letter(
+                        publisher,
+                        delivery,
+                        DeadLetterReason::Permanent,
+                        &error,
+                        attempt,
+                    )
+                    .await;
+            }
+            Err(Failure::Store(e)) if e.is_permanent_data_error() => {
+                let error = format!("the database refused the data: {e}");
+                return self
+                    .dead_letter(
+                        publisher,
+                        delivery,
+                        DeadLetterReason::Permanent,
+                        &error,
+                        attempt,
+                    )
+                    .await;
+            }
             Err(Failure::Handler(e)) if e.is_transient() && is_database_outage(e.error()) => {
                 return self
                     .database_outage(publisher, delivery, &e.to_string())
@@ -1166,8 +1207,8 @@ impl<S: Store> Inner<S> {
                     .await;
             }
             // Any other store error (a constraint checked at commit, a
-            // serialization failure, a value the database refuses) is a transient
-            // failure like any other, with bounded attempts.
+            // serialization failure) is a transient failure like any other, with
+            // bounded attempts.
             Err(Failure::Store(e)) => (e.to_string(), None),
         };
         match self.config.retry.decide(attempt, retry_after) {

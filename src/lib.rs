@@ -104,7 +104,7 @@ pub use store::PgStore;
 pub use store::SqliteStore;
 pub use store::{
     Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, Wakeups,
-    is_connection_error,
+    is_connection_error, is_permanent_data_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
 pub use topology::{

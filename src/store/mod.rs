@@ -339,6 +339,50 @@ impl StoreError {
             _ => false,
         }
     }
+
+    /// True if the database refused a value that no retry can make acceptable; see
+    /// [`is_permanent_data_error`].
+    pub fn is_permanent_data_error(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_permanent_data_error(e),
+            _ => false,
+        }
+    }
+}
+
+/// True if `e` is the database refusing the data itself, so that running the same
+/// message again would fail the same way:
+///
+/// - PostgreSQL: SQLSTATE class `22` (data exception: a NUL byte in text, a value
+///   too long for `varchar(n)`, a number out of range, text that is not a number),
+///   class `54` (program limit exceeded: an index row or a statement too large) and
+///   `23514` (a `CHECK` constraint);
+/// - SQLite: `SQLITE_TOOBIG` (18, a string or blob over the length limit),
+///   `SQLITE_MISMATCH` (20, a datatype mismatch), `SQLITE_CONSTRAINT_DATATYPE`
+///   (3091, a value of the wrong type in a `STRICT` table) and
+///   `SQLITE_CONSTRAINT_CHECK` (275).
+///
+/// Unique, foreign-key, not-null and exclusion violations are left out on purpose:
+/// they depend on other rows (a concurrent insert, a parent or reference row that
+/// has not arrived yet), so a later attempt can succeed.
+pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        let code = pg.code();
+        return code.starts_with("22") || code.starts_with("54") || code == "23514";
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // sqlx reports SQLite's extended result code; its low byte is the primary.
+        let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok()) else {
+            return false;
+        };
+        return matches!(code & 0xff, 18 | 20) || matches!(code, 275 | 3091);
+    }
+    false
 }
 
 /// True if `e` means the database cannot be reached or is going away: a broken

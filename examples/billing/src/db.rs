@@ -2,22 +2,28 @@
 //! and `loyalty_points` (one row per credit: only the inbox keeps it from
 //! doubling).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Pool, Postgres, Sqlite};
 use warren::{DatabaseUrl, OutboxStore, PgStore, SqliteStore, Store, StoreError, Tx};
+
+use crate::amount::Amount;
 
 /// A payment to record, validated.
 #[derive(Debug, Clone)]
 pub struct Payment {
     pub invoice_id: String,
     pub customer_id: String,
-    /// The amount as the producer wrote it (decimal text).
+    /// The amount, exact, as canonical decimal text: the digits the producer
+    /// wrote, without an exponent or leading zeros.
     pub amount: String,
-    pub points: i64,
+    /// `floor(amount)`: up to 28 digits, so not an `i64`.
+    pub points: i128,
     pub currency: String,
     pub paid_at: DateTime<Utc>,
     pub payment_method: Option<String>,
@@ -26,12 +32,16 @@ pub struct Payment {
 }
 
 /// What `billing status` and the demo count.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counts {
     pub invoices_paid: i64,
     pub loyalty_rows: i64,
-    pub loyalty_sum: i64,
+    /// Exact: a single invoice may credit more than `i64::MAX` points.
+    pub loyalty_sum: i128,
     pub inbox_rows: i64,
+    /// The exact sum of paid invoices' amounts, per currency; `None` where no
+    /// exact sum exists (see `sum_by_currency`).
+    pub paid: BTreeMap<String, Option<Amount>>,
 }
 
 /// A database billing runs on.
@@ -103,6 +113,9 @@ impl Database {
     }
 }
 
+// Amounts and points are exact decimals: NUMERIC on PostgreSQL, and on SQLite,
+// which has no decimal type (its NUMERIC affinity turns 20 digits into a float),
+// canonical decimal text that billing sums itself.
 const SQLITE_TABLES: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS invoices (
         invoice_id        TEXT PRIMARY KEY,
@@ -117,7 +130,7 @@ const SQLITE_TABLES: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS loyalty_points (
         id          INTEGER PRIMARY KEY AUTOINCREMENT,
         customer_id TEXT    NOT NULL,
-        points      INTEGER NOT NULL,
+        points      TEXT    NOT NULL,
         message_id  TEXT    NOT NULL
     )",
 ];
@@ -136,7 +149,7 @@ const PG_TABLES: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS loyalty_points (
         id          BIGSERIAL PRIMARY KEY,
         customer_id TEXT      NOT NULL,
-        points      BIGINT    NOT NULL,
+        points      NUMERIC   NOT NULL,
         message_id  TEXT      NOT NULL
     )",
 ];
@@ -152,6 +165,20 @@ impl BillingDb for Postgres {
             .await?;
         for sql in PG_TABLES {
             sqlx::query(sql).execute(&mut *tx).await?;
+        }
+        // Databases created before points were exact hold them as BIGINT, which
+        // overflows at 19 digits.
+        let points_type: Option<String> = sqlx::query_scalar(
+            "SELECT data_type::text FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name = 'loyalty_points'
+               AND column_name = 'points'",
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if points_type.as_deref() == Some("bigint") {
+            sqlx::query("ALTER TABLE loyalty_points ALTER COLUMN points TYPE NUMERIC")
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -178,10 +205,11 @@ impl BillingDb for Postgres {
         .execute(tx.conn())
         .await?;
         sqlx::query(
-            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES ($1, $2, $3)",
+            "INSERT INTO loyalty_points (customer_id, points, message_id)
+             VALUES ($1, $2::numeric, $3)",
         )
         .bind(&p.customer_id)
-        .bind(p.points)
+        .bind(p.points.to_string())
         .bind(message_id)
         .execute(tx.conn())
         .await?;
@@ -189,22 +217,30 @@ impl BillingDb for Postgres {
     }
 
     async fn counts<'a>(store: &'a PgStore, consumer: &'a str) -> Result<Counts, StoreError> {
-        let (invoices_paid, loyalty_rows, loyalty_sum, inbox_rows): (i64, i64, i64, i64) =
+        // Sums as text: NUMERIC sums are exact, and text carries every digit.
+        let (invoices_paid, loyalty_rows, loyalty_sum, inbox_rows): (i64, i64, String, i64) =
             sqlx::query_as(
                 "SELECT
                     (SELECT count(*) FROM invoices WHERE status = 'paid'),
                     (SELECT count(*) FROM loyalty_points),
-                    (SELECT coalesce(sum(points), 0)::BIGINT FROM loyalty_points),
+                    (SELECT coalesce(sum(points), 0)::text FROM loyalty_points),
                     (SELECT count(*) FROM warren_inbox WHERE consumer_name = $1)",
             )
             .bind(consumer)
             .fetch_one(store.pool())
             .await?;
+        let paid: Vec<(String, String)> = sqlx::query_as(
+            "SELECT currency, sum(amount)::text FROM invoices WHERE status = 'paid'
+             GROUP BY currency",
+        )
+        .fetch_all(store.pool())
+        .await?;
         Ok(Counts {
             invoices_paid,
             loyalty_rows,
-            loyalty_sum,
+            loyalty_sum: integer(&loyalty_sum)?,
             inbox_rows,
+            paid: sum_by_currency(paid),
         })
     }
 
@@ -221,9 +257,33 @@ impl BillingDb for Sqlite {
     type S = SqliteStore;
 
     async fn create_tables(store: &SqliteStore) -> Result<(), StoreError> {
+        // IMMEDIATE: take the write lock first, so that instances starting together
+        // queue up instead of failing to upgrade a read.
+        let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
         for sql in SQLITE_TABLES {
-            sqlx::query(sql).execute(store.pool()).await?;
+            sqlx::query(sql).execute(&mut *tx).await?;
         }
+        // Files created before points were exact declare them INTEGER, whose
+        // affinity turns 20 digits into a float. SQLite cannot change a column's
+        // type, so the table is rebuilt (ids kept, values converted exactly).
+        let points_type: Option<String> = sqlx::query_scalar(
+            "SELECT type FROM pragma_table_info('loyalty_points') WHERE name = 'points'",
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if points_type.is_some_and(|t| t.eq_ignore_ascii_case("INTEGER")) {
+            for sql in [
+                "ALTER TABLE loyalty_points RENAME TO loyalty_points_integer",
+                SQLITE_TABLES[1],
+                "INSERT INTO loyalty_points (id, customer_id, points, message_id)
+                 SELECT id, customer_id, CAST(points AS TEXT), message_id
+                 FROM loyalty_points_integer",
+                "DROP TABLE loyalty_points_integer",
+            ] {
+                sqlx::query(sql).execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -251,7 +311,7 @@ impl BillingDb for Sqlite {
             "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)",
         )
         .bind(&p.customer_id)
-        .bind(p.points)
+        .bind(p.points.to_string())
         .bind(message_id)
         .execute(tx.conn())
         .await?;
@@ -259,22 +319,37 @@ impl BillingDb for Sqlite {
     }
 
     async fn counts<'a>(store: &'a SqliteStore, consumer: &'a str) -> Result<Counts, StoreError> {
-        let (invoices_paid, loyalty_rows, loyalty_sum, inbox_rows): (i64, i64, i64, i64) =
-            sqlx::query_as(
-                "SELECT
-                    (SELECT count(*) FROM invoices WHERE status = 'paid'),
-                    (SELECT count(*) FROM loyalty_points),
-                    (SELECT coalesce(sum(points), 0) FROM loyalty_points),
-                    (SELECT count(*) FROM warren_inbox WHERE consumer_name = ?)",
-            )
-            .bind(consumer)
-            .fetch_one(store.pool())
-            .await?;
+        let (invoices_paid, loyalty_rows, inbox_rows): (i64, i64, i64) = sqlx::query_as(
+            "SELECT
+                (SELECT count(*) FROM invoices WHERE status = 'paid'),
+                (SELECT count(*) FROM loyalty_points),
+                (SELECT count(*) FROM warren_inbox WHERE consumer_name = ?)",
+        )
+        .bind(consumer)
+        .fetch_one(store.pool())
+        .await?;
+        // SQLite's sum() goes through a float (or stops at i64) for decimal text,
+        // so the sums are taken here, exactly.
+        let mut loyalty_sum: i128 = 0;
+        let mut points =
+            sqlx::query_scalar::<_, String>("SELECT CAST(points AS TEXT) FROM loyalty_points")
+                .fetch(store.pool());
+        while let Some(p) = points.try_next().await? {
+            loyalty_sum = loyalty_sum
+                .checked_add(integer(&p)?)
+                .ok_or_else(|| corrupt("the loyalty points overflow 128 bits"))?;
+        }
+        drop(points);
+        let paid: Vec<(String, String)> =
+            sqlx::query_as("SELECT currency, amount FROM invoices WHERE status = 'paid'")
+                .fetch_all(store.pool())
+                .await?;
         Ok(Counts {
             invoices_paid,
             loyalty_rows,
             loyalty_sum,
             inbox_rows,
+            paid: sum_by_currency(paid),
         })
     }
 
@@ -285,6 +360,30 @@ impl BillingDb for Sqlite {
     async fn audit(store: &SqliteStore) -> Result<Audit, StoreError> {
         audit_with(store.pool()).await
     }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Database(sqlx::Error::Protocol(what.to_owned()))
+}
+
+/// A whole number of points as stored (decimal text).
+fn integer(text: &str) -> Result<i128, StoreError> {
+    text.parse()
+        .map_err(|_| corrupt(&format!("loyalty points {text:?} are not an integer")))
+}
+
+/// Adds up `(currency, amount)` rows exactly. A currency whose total cannot be
+/// exact (an amount stored before amounts were checked, such as `1e308`, or a
+/// total beyond 128 bits) maps to `None` rather than failing the report.
+fn sum_by_currency(
+    rows: impl IntoIterator<Item = (String, String)>,
+) -> BTreeMap<String, Option<Amount>> {
+    let mut paid = BTreeMap::new();
+    for (currency, amount) in rows {
+        let total = paid.entry(currency).or_insert(Some(Amount::ZERO));
+        *total = total.and_then(|t| t.checked_add(amount.parse().ok()?));
+    }
+    paid
 }
 
 /// The audit queries, the same text in both dialects.

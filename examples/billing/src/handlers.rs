@@ -7,8 +7,10 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use warren::{Handler, HandlerError, Message, Metadata, Outgoing, Registry, Tx};
 
+use crate::amount::{Amount, shown};
 use crate::db::{BillingDb, Payment};
 
 /// The consumer name: billing's deduplication boundary.
@@ -26,13 +28,56 @@ pub const CURRENCIES: &[&str] = &[
     "THB", "TRY", "TWD", "USD", "ZAR",
 ];
 
+/// The currencies in [`CURRENCIES`] without a minor unit (ISO 4217 exponent 0);
+/// every other one has two decimal places.
+pub const ZERO_DECIMAL: &[&str] = &["JPY", "KRW"];
+
+/// Digits allowed after the decimal point in `currency` (ISO 4217 minor units).
+pub fn minor_units(currency: &str) -> u32 {
+    if ZERO_DECIMAL.contains(&currency) {
+        0
+    } else {
+        2
+    }
+}
+
+/// Identifiers (`invoiceId`, `customerId`, `paymentMethod`) are at most this many
+/// characters long.
+pub const MAX_ID_LEN: usize = 128;
+
+/// True for the characters an identifier may hold.
+fn id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/')
+}
+
+/// `invoiceId`, `customerId` and `paymentMethod` go into indexed text columns and
+/// into events for other services. Checked here, so that a NUL or a megabyte id
+/// has the same outcome on both databases (PostgreSQL would refuse them, SQLite
+/// would store them) and the error text never carries the value itself.
+fn identifier(field: &str, value: &str) -> Result<(), HandlerError> {
+    let len = value.chars().count();
+    if !(1..=MAX_ID_LEN).contains(&len) {
+        return Err(HandlerError::permanent(format!(
+            "{field} is {len} characters long; it must be 1 to {MAX_ID_LEN}"
+        )));
+    }
+    if let Some((at, c)) = value.chars().enumerate().find(|&(_, c)| !id_char(c)) {
+        return Err(HandlerError::permanent(format!(
+            "{field} has {c:?} at position {at}; allowed are A-Z, a-z, 0-9 and - _ . : /"
+        )));
+    }
+    Ok(())
+}
+
 /// `billing.invoice-paid.v1`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InvoicePaidV1 {
     pub invoice_id: String,
     pub customer_id: String,
-    pub amount: serde_json::Number,
+    /// The JSON text as the producer wrote it, parsed by [`Amount::from_json`]:
+    /// going through `f64` would round it.
+    pub amount: Box<RawValue>,
     pub currency: String,
 }
 
@@ -42,7 +87,8 @@ pub struct InvoicePaidV1 {
 pub struct InvoicePaidV2 {
     pub invoice_id: String,
     pub customer_id: String,
-    pub amount: serde_json::Number,
+    /// As in v1.
+    pub amount: Box<RawValue>,
     pub currency: String,
     pub payment_method: String,
     pub paid_at_utc: DateTime<Utc>,
@@ -54,9 +100,11 @@ pub struct InvoicePaidV2 {
 pub struct PaymentRecorded {
     pub invoice_id: String,
     pub customer_id: String,
+    /// Exact decimal text.
     pub amount: String,
     pub currency: String,
-    pub loyalty_points: i64,
+    /// An integer; above 2^53 for amounts that large, so read it as a big integer.
+    pub loyalty_points: i128,
     pub payment_reference: String,
 }
 
@@ -66,30 +114,40 @@ fn payment(
     meta: &Metadata,
     invoice_id: &str,
     customer_id: &str,
-    amount: &serde_json::Number,
+    amount: &RawValue,
     currency: &str,
     paid_at: DateTime<Utc>,
     payment_method: Option<&str>,
 ) -> Result<Payment, HandlerError> {
-    let value = amount
-        .as_f64()
-        .filter(|v| v.is_finite())
-        .ok_or_else(|| HandlerError::permanent(format!("amount {amount} is not a number")))?;
-    if value < 0.0 {
+    identifier("invoiceId", invoice_id)?;
+    identifier("customerId", customer_id)?;
+    if let Some(method) = payment_method {
+        identifier("paymentMethod", method)?;
+    }
+    let value = Amount::from_json(amount.get()).map_err(HandlerError::permanent)?;
+    if value.is_negative() {
         return Err(HandlerError::permanent(format!(
-            "amount {amount} is negative"
+            "amount {value} is negative"
         )));
     }
     if !CURRENCIES.contains(&currency) {
         return Err(HandlerError::permanent(format!(
-            "currency {currency:?} is not supported"
+            "currency \"{}\" is not supported",
+            shown(currency)
+        )));
+    }
+    let allowed = minor_units(currency);
+    if value.scale() > allowed {
+        return Err(HandlerError::permanent(format!(
+            "amount {value} has {} digits after the decimal point; {currency} allows {allowed}",
+            value.scale()
         )));
     }
     Ok(Payment {
         invoice_id: invoice_id.to_owned(),
         customer_id: customer_id.to_owned(),
-        amount: amount.to_string(),
-        points: value.floor() as i64,
+        amount: value.to_string(),
+        points: value.floor(),
         currency: currency.to_owned(),
         paid_at,
         payment_method: payment_method.map(str::to_owned),

@@ -5,6 +5,7 @@
 // A binary: `pub` marks what a module offers the rest of the program.
 #![allow(unreachable_pub)]
 
+mod amount;
 mod chaos;
 mod config;
 mod db;

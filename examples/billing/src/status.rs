@@ -70,6 +70,14 @@ pub fn print(report: &Report) {
     println!("loyalty rows             {}", c.loyalty_rows);
     println!("loyalty points (sum)     {}", c.loyalty_sum);
     println!("inbox rows               {}", c.inbox_rows);
+    for (currency, total) in &c.paid {
+        match total {
+            Some(total) => println!("amount paid {currency:<12} {total}"),
+            None => println!(
+                "amount paid {currency:<12} not exact: holds an amount stored before amounts were checked"
+            ),
+        }
+    }
     println!("outbox pending           {}", report.outbox.pending);
     println!("outbox published         {}", report.outbox.published);
     println!("outbox failed            {}", report.outbox.failed.len());

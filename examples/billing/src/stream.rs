@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::Utc;
+use serde::Serialize;
 use serde_json::json;
+use serde_json::value::RawValue;
 use warren::lapin::BasicProperties;
 use warren::{DeadLetterReason, Outgoing, Publisher};
 
-use crate::handlers::{CURRENCIES, PAID_V1, PAID_V2};
+use crate::handlers::{CURRENCIES, InvoicePaidV1, InvoicePaidV2, PAID_V1, PAID_V2, minor_units};
 
 /// What to publish.
 #[derive(Debug, Clone)]
@@ -72,7 +74,7 @@ pub struct Expected {
     /// Poison messages by the reason they must be dead-lettered with.
     pub poison: BTreeMap<String, usize>,
     /// Loyalty points: one credit of floor(amount) per valid message.
-    pub loyalty_sum: i64,
+    pub loyalty_sum: i128,
 }
 
 /// The stream and its expected outcome.
@@ -81,7 +83,7 @@ pub struct Plan {
     pub expected: Expected,
 }
 
-fn envelope(event_type: &str, version: u32, payload: &serde_json::Value) -> Outgoing {
+fn envelope(event_type: &str, version: u32, payload: &impl Serialize) -> Outgoing {
     Outgoing::new(event_type, version, payload).expect("JSON values serialize")
 }
 
@@ -108,15 +110,23 @@ pub fn plan(spec: &StreamSpec) -> Plan {
     let mut expected = Expected::default();
     let mut valid = Vec::new();
     for i in 0..spec.count {
-        let cents = rng.i64(100..100_000);
-        let amount = cents as f64 / 100.0;
-        expected.loyalty_sum += cents / 100;
+        let currency = CURRENCIES[rng.usize(..CURRENCIES.len())];
+        // Exact decimal text in the currency's minor units, never through a float.
+        let amount = if minor_units(currency) == 0 {
+            let units = rng.i64(1..1000);
+            expected.loyalty_sum += i128::from(units);
+            units.to_string()
+        } else {
+            let cents = rng.i64(100..100_000);
+            expected.loyalty_sum += i128::from(cents / 100);
+            format!("{}.{:02}", cents / 100, cents % 100)
+        };
+        let amount = RawValue::from_string(amount).expect("a decimal is a JSON number");
         let customer = if i < spec.flaky {
             format!("cus_flaky_{i}")
         } else {
             format!("cus_{}", rng.u32(1..500))
         };
-        let currency = CURRENCIES[rng.usize(..CURRENCIES.len())];
         let invoice = format!("inv_{}", uuid::Uuid::now_v7().simple());
         let v2 = rng.f64() < spec.v2;
         let msg = if v2 {
@@ -124,16 +134,25 @@ pub fn plan(spec: &StreamSpec) -> Plan {
             envelope(
                 PAID_V2,
                 2,
-                &json!({
-                    "invoiceId": invoice, "customerId": customer, "amount": amount,
-                    "currency": currency, "paymentMethod": "card", "paidAtUtc": Utc::now(),
-                }),
+                &InvoicePaidV2 {
+                    invoice_id: invoice,
+                    customer_id: customer,
+                    amount,
+                    currency: currency.to_owned(),
+                    payment_method: "card".to_owned(),
+                    paid_at_utc: Utc::now(),
+                },
             )
         } else {
             envelope(
                 PAID_V1,
                 1,
-                &json!({"invoiceId": invoice, "customerId": customer, "amount": amount, "currency": currency}),
+                &InvoicePaidV1 {
+                    invoice_id: invoice,
+                    customer_id: customer,
+                    amount,
+                    currency: currency.to_owned(),
+                },
             )
         };
         let key = if v2 { PAID_V2 } else { PAID_V1 };
@@ -164,7 +183,7 @@ pub fn plan(spec: &StreamSpec) -> Plan {
 
     for n in 0..spec.poison {
         let reason = POISON[n % POISON.len()];
-        let good = json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 10.0, "currency": "EUR"});
+        let good = json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 10, "currency": "EUR"});
         let p = match (n % POISON.len(), reason) {
             (_, DeadLetterReason::InvalidJson) => {
                 let id = uuid::Uuid::now_v7().to_string();
@@ -189,7 +208,7 @@ pub fn plan(spec: &StreamSpec) -> Plan {
                 &envelope(
                     PAID_V1,
                     1,
-                    &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": -5.0, "currency": "EUR"}),
+                    &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": -5, "currency": "EUR"}),
                 ),
             ),
             _ => planned(
@@ -197,7 +216,7 @@ pub fn plan(spec: &StreamSpec) -> Plan {
                 &envelope(
                     PAID_V1,
                     1,
-                    &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 5.0, "currency": "XXX"}),
+                    &json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 5, "currency": "XXX"}),
                 ),
             ),
         };

@@ -313,3 +313,368 @@ async fn chaos_campaign_on_postgres_holds_every_invariant() {
 async fn chaos_campaign_on_sqlite_holds_every_invariant() {
     chaos_campaign(None).await;
 }
+
+/// billing's tables as they were before amounts and points were exact: a
+/// database created then must keep working, and is migrated by `billing run`.
+const OLD_SQLITE: [&str; 4] = [
+    "CREATE TABLE invoices (invoice_id TEXT PRIMARY KEY, customer_id TEXT NOT NULL,
+        amount TEXT NOT NULL, currency TEXT NOT NULL, status TEXT NOT NULL,
+        paid_at TEXT NOT NULL, payment_method TEXT NULL, payment_reference TEXT NOT NULL)",
+    "CREATE TABLE loyalty_points (id INTEGER PRIMARY KEY AUTOINCREMENT,
+        customer_id TEXT NOT NULL, points INTEGER NOT NULL, message_id TEXT NOT NULL)",
+    "INSERT INTO invoices VALUES ('inv_old', 'cus_old', '7.5', 'EUR', 'paid',
+        '2026-01-01T00:00:00.000Z', NULL, 'ref')",
+    "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES ('cus_old', 7, 'm-old')",
+];
+
+const OLD_PG: [&str; 4] = [
+    "CREATE TABLE invoices (invoice_id TEXT PRIMARY KEY, customer_id TEXT NOT NULL,
+        amount NUMERIC NOT NULL, currency TEXT NOT NULL, status TEXT NOT NULL,
+        paid_at TIMESTAMPTZ NOT NULL, payment_method TEXT NULL, payment_reference TEXT NOT NULL)",
+    "CREATE TABLE loyalty_points (id BIGSERIAL PRIMARY KEY, customer_id TEXT NOT NULL,
+        points BIGINT NOT NULL, message_id TEXT NOT NULL)",
+    "INSERT INTO invoices VALUES ('inv_old', 'cus_old', 7.5, 'EUR', 'paid', now(), NULL, 'ref')",
+    "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES ('cus_old', 7, 'm-old')",
+];
+
+/// Where a test's database is, to set it up and read it back directly.
+enum TestDb {
+    Sqlite(String),
+    Postgres(String),
+}
+
+impl TestDb {
+    fn url(&self) -> &str {
+        match self {
+            TestDb::Sqlite(u) | TestDb::Postgres(u) => u,
+        }
+    }
+
+    async fn execute(&self, statements: &[&'static str]) {
+        match self {
+            TestDb::Sqlite(url) => {
+                let opts: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+                let pool = sqlx::SqlitePool::connect_with(opts.create_if_missing(true))
+                    .await
+                    .unwrap();
+                for sql in statements {
+                    sqlx::query(*sql).execute(&pool).await.unwrap();
+                }
+                pool.close().await;
+            }
+            TestDb::Postgres(url) => {
+                let pool = sqlx::PgPool::connect(url).await.unwrap();
+                for sql in statements {
+                    sqlx::query(*sql).execute(&pool).await.unwrap();
+                }
+                pool.close().await;
+            }
+        }
+    }
+
+    /// `(customer, amount, points)` for every invoice, as the database gives them
+    /// back as text.
+    async fn stored(&self) -> Vec<(String, String, String)> {
+        let mut rows: Vec<(String, String, String)> = match self {
+            TestDb::Sqlite(url) => {
+                let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+                let rows = sqlx::query_as(
+                    "SELECT i.customer_id, i.amount, CAST(l.points AS TEXT)
+                     FROM invoices i JOIN loyalty_points l USING (customer_id)",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                pool.close().await;
+                rows
+            }
+            TestDb::Postgres(url) => {
+                let pool = sqlx::PgPool::connect(url).await.unwrap();
+                let rows = sqlx::query_as(
+                    "SELECT i.customer_id, i.amount::text, l.points::text
+                     FROM invoices i JOIN loyalty_points l USING (customer_id)",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                pool.close().await;
+                rows
+            }
+        };
+        rows.sort();
+        rows
+    }
+}
+
+fn line_text<'a>(out: &'a str, label: &str) -> Option<&'a str> {
+    out.lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .and_then(|l| l.split_whitespace().last())
+}
+
+/// One invoice-paid message: its payload's raw JSON fields, written by hand so
+/// that no number passes through a float on the way.
+struct Paid {
+    invoice: String,
+    customer: &'static str,
+    amount: &'static str,
+    currency: &'static str,
+    payment_method: Option<&'static str>,
+}
+
+fn paid(customer: &'static str, amount: &'static str, currency: &'static str) -> Paid {
+    Paid {
+        invoice: format!("inv_{}", uuid::Uuid::now_v7().simple()),
+        customer,
+        amount,
+        currency,
+        payment_method: None,
+    }
+}
+
+impl Paid {
+    fn message(&self) -> (&'static str, warren::Outgoing) {
+        let quoted = |s: &str| serde_json::to_string(s).unwrap();
+        let mut json = format!(
+            "{{\"invoiceId\":{},\"customerId\":{},\"amount\":{},\"currency\":{}",
+            quoted(&self.invoice),
+            quoted(self.customer),
+            self.amount,
+            quoted(self.currency)
+        );
+        let (event, version) = match self.payment_method {
+            Some(method) => {
+                json.push_str(&format!(
+                    ",\"paymentMethod\":{},\"paidAtUtc\":\"2026-11-30T12:00:00Z\"",
+                    quoted(method)
+                ));
+                ("billing.invoice-paid.v2", 2)
+            }
+            None => ("billing.invoice-paid.v1", 1),
+        };
+        json.push('}');
+        let payload = serde_json::value::RawValue::from_string(json).unwrap();
+        (
+            event,
+            warren::Outgoing::new(event, version, &*payload).unwrap(),
+        )
+    }
+}
+
+async fn delete_topology(connection: &warren::lapin::Connection, prefix: &str) {
+    let mut topology = warren::Topology::default();
+    for q in [
+        format!("{prefix}.invoice-paid"),
+        format!("{prefix}.invoice-paid.retry.200ms"),
+        format!("{prefix}.invoice-paid.retry.500ms"),
+        format!("{prefix}.invoice-paid.dead-letter"),
+        format!("{prefix}.invoice-payment-recorded"),
+    ] {
+        topology
+            .queues
+            .push(warren::QueueSpec::new(q, warren::QueueType::Quorum));
+    }
+    topology.exchanges.push(warren::ExchangeSpec {
+        name: format!("{prefix}.events"),
+        kind: warren::ExchangeKind::Topic,
+    });
+    warren::delete(connection, &topology).await.unwrap();
+}
+
+/// Issue 10: amounts are exact decimals on both databases (a 30-digit amount and
+/// 0.1 + 0.2 come back as written, points beyond `i64` are credited exactly), and
+/// amounts or identifiers billing cannot take are refused as permanent on the
+/// first attempt with the same outcome on both; `billing status` keeps working,
+/// also on a database created before any of this.
+async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
+    db.execute(match db {
+        TestDb::Sqlite(_) => &OLD_SQLITE,
+        TestDb::Postgres(_) => &OLD_PG,
+    })
+    .await;
+    let prefix = unique("billing-test");
+    let port = free_port();
+    let common = [
+        "--prefix",
+        prefix.as_str(),
+        "--database-url",
+        db.url(),
+        "--retry-tiers",
+        "200ms,500ms",
+    ];
+    let mut run = billing()
+        .args(common)
+        .args(["--http", &format!("127.0.0.1:{port}"), "run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            http_get(port, "/readyz")
+                .await
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        })
+        .await,
+        "billing run became ready"
+    );
+
+    let applied = [
+        paid("cus_big", "1234567890123456789012345678.90", "EUR"),
+        paid("cus_tenth", "0.1", "USD"),
+        paid("cus_fifth", "0.2", "USD"),
+        paid("cus_i64", "9223372036854775808", "JPY"),
+        paid("cus_string", "\"12.50\"", "GBP"),
+    ];
+    let long_invoice = Paid {
+        invoice: "x".repeat(8000),
+        ..paid("cus_long", "1.00", "EUR")
+    };
+    let bad_method = Paid {
+        payment_method: Some("card\n"),
+        ..paid("cus_method", "1.00", "EUR")
+    };
+    let refused = [
+        (paid("cus_float", "1e308", "EUR"), "exponent"),
+        (
+            paid("cus_huge", "10000000000000000000000000000", "EUR"),
+            "out of range",
+        ),
+        (
+            paid("cus_sum", "0.30000000000000004", "EUR"),
+            "more digits after the decimal point than any currency",
+        ),
+        (paid("cus_mils", "12.345", "EUR"), "EUR allows 2"),
+        (paid("cus_yen", "100.5", "JPY"), "JPY allows 0"),
+        (paid("cus_\u{0}nul", "1.00", "EUR"), "customerId has '\\0'"),
+        (long_invoice, "invoiceId is 8000 characters long"),
+        (bad_method, "paymentMethod has '\\n'"),
+    ];
+    let connection = std::sync::Arc::new(warren_connect().await);
+    let publisher = warren::Publisher::new(std::sync::Arc::clone(&connection));
+    let exchange = format!("{prefix}.events");
+    let mut want_error = std::collections::HashMap::new();
+    for p in &applied {
+        let (event, msg) = p.message();
+        publisher.publish(&exchange, event, &msg).await.unwrap();
+    }
+    for (p, error) in &refused {
+        let (event, msg) = p.message();
+        want_error.insert(msg.meta().message_id.clone(), *error);
+        publisher.publish(&exchange, event, &msg).await.unwrap();
+    }
+
+    let status_now = || async move { output(billing().args(common).arg("status")).await };
+    let settled = wait_for(Duration::from_secs(60), || async move {
+        let status = status_now().await.1;
+        line_value(&status, "inbox rows") == Some(5)
+            && line_value(&status, "dead letters") == Some(8)
+            && line_value(&status, "outbox pending") == Some(0)
+    })
+    .await;
+    let (ok, status, err) = status_now().await;
+    assert!(ok, "billing status works: {err}");
+    assert!(settled, "{status}");
+    // The five new invoices and the one from before the migration.
+    assert_eq!(line_value(&status, "invoices paid"), Some(6), "{status}");
+    assert_eq!(line_value(&status, "loyalty rows"), Some(6), "{status}");
+    let points: i128 = 1_234_567_890_123_456_789_012_345_678 + 9_223_372_036_854_775_808 + 12 + 7;
+    assert_eq!(
+        line_text(&status, "loyalty points (sum)"),
+        Some(points.to_string().as_str()),
+        "{status}"
+    );
+    for (currency, total) in [
+        ("EUR", "1234567890123456789012345686.40"),
+        ("USD", "0.3"),
+        ("JPY", "9223372036854775808"),
+        ("GBP", "12.50"),
+    ] {
+        assert_eq!(
+            line_text(&status, &format!("amount paid {currency}")),
+            Some(total),
+            "{status}"
+        );
+    }
+    assert_eq!(
+        line_value(&status, "permanent-failure"),
+        Some(8),
+        "{status}"
+    );
+    assert_eq!(line_value(&status, "queue ready"), Some(0), "{status}");
+
+    let stored = db.stored().await;
+    let want: Vec<(String, String, String)> = [
+        (
+            "cus_big",
+            "1234567890123456789012345678.90",
+            "1234567890123456789012345678",
+        ),
+        ("cus_fifth", "0.2", "0"),
+        ("cus_i64", "9223372036854775808", "9223372036854775808"),
+        ("cus_old", "7.5", "7"),
+        ("cus_string", "12.50", "12"),
+        ("cus_tenth", "0.1", "0"),
+    ]
+    .iter()
+    .map(|(c, a, p)| (c.to_string(), a.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(stored, want);
+
+    let letters = warren::DeadLetterQueue::new(
+        std::sync::Arc::clone(&connection),
+        &format!("{prefix}.invoice-paid"),
+    )
+    .list(100)
+    .await
+    .unwrap();
+    assert_eq!(letters.len(), 8);
+    for letter in &letters {
+        let info = letter.info.as_ref().unwrap();
+        let want = want_error[&letter.message_id];
+        assert_eq!(info.reason, "permanent-failure", "{want}");
+        assert_eq!(info.attempts, 1, "refused at once, never retried: {want}");
+        assert!(info.error.contains(want), "{want}: {}", info.error);
+        assert!(
+            info.error.len() < 300,
+            "no value copied whole: {}",
+            info.error
+        );
+    }
+
+    let pid = run.id().unwrap();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let exit = tokio::time::timeout(Duration::from_secs(60), run.wait())
+        .await
+        .expect("billing run drains and exits after SIGTERM")
+        .unwrap();
+    assert!(exit.success(), "exit 0 on SIGTERM: {exit:?}");
+    delete_topology(&connection, &prefix).await;
+}
+
+#[tokio::test]
+async fn numbers_and_identifiers_on_sqlite_are_exact_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("billing.db").display());
+    numbers_and_identifiers_are_exact_or_refused(&TestDb::Sqlite(url)).await;
+}
+
+#[tokio::test]
+async fn numbers_and_identifiers_on_postgres_are_exact_or_refused() {
+    let schema = unique("billing_test").replace('-', "_");
+    let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let url = format!("{}?options=-c%20search_path%3D{schema}", pg_url());
+    numbers_and_identifiers_are_exact_or_refused(&TestDb::Postgres(url)).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
