@@ -678,3 +678,85 @@ async fn numbers_and_identifiers_on_postgres_are_exact_or_refused() {
         .await
         .unwrap();
 }
+
+/// Issue 10: on a `basic.return` the AMQP client logs the returned message, body
+/// included, at WARN, and every frame at TRACE. billing's log setup filters both,
+/// whatever `RUST_LOG` says: an event the broker cannot route leaves no payload
+/// bytes in the logs.
+#[tokio::test]
+async fn returned_events_put_no_payload_in_the_logs() {
+    let prefix = unique("billing-test");
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("billing.db").display());
+    let log_path = dir.path().join("billing.log");
+    let port = free_port();
+    let mut run = billing()
+        .args(["--prefix", &prefix, "--database-url", &database])
+        .args([
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "text",
+            "run",
+        ])
+        .env("RUST_LOG", "info,lapin=trace")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            http_get(port, "/readyz")
+                .await
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        })
+        .await,
+        "billing run became ready"
+    );
+    // Without the stand-in downstream queue, the outgoing event has no route and
+    // the broker returns it to the relay.
+    let connection = std::sync::Arc::new(warren_connect().await);
+    let mut downstream = warren::Topology::default();
+    downstream.queues.push(warren::QueueSpec::new(
+        format!("{prefix}.invoice-payment-recorded"),
+        warren::QueueType::Quorum,
+    ));
+    warren::delete(&connection, &downstream).await.unwrap();
+
+    let invoice = paid("cus_logs", "12.00", "EUR");
+    let marker = invoice.invoice.clone();
+    let (event, msg) = invoice.message();
+    warren::Publisher::new(std::sync::Arc::clone(&connection))
+        .publish(&format!("{prefix}.events"), event, &msg)
+        .await
+        .unwrap();
+    let failed = wait_for(Duration::from_secs(60), || async {
+        let status = output(
+            billing()
+                .args(["--prefix", &prefix, "--database-url", &database])
+                .arg("status"),
+        )
+        .await
+        .1;
+        line_value(&status, "outbox failed") == Some(1)
+    })
+    .await;
+    let pid = run.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(60), run.wait()).await;
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    assert!(failed, "the unroutable event is marked failed:\n{logs}");
+    assert!(logs.contains("cannot be published"), "{logs}");
+    // The body as text, and as the byte list a `Debug` of it prints.
+    let as_bytes = marker
+        .bytes()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(!logs.contains(&marker), "payload text in the logs:\n{logs}");
+    assert!(!logs.contains(&as_bytes), "payload bytes in the logs");
+    delete_topology(&connection, &prefix).await;
+}
