@@ -25,6 +25,7 @@
 //! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
 //! - `topology`: exchanges and queues as data ([`Topology`]).
 //! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
+//! - `tls`: `amqps://` with a private CA or a client certificate ([`TlsOptions`]).
 //! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
 //! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
 //! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
@@ -59,11 +60,12 @@ mod retry;
 mod shutdown;
 mod store;
 mod telemetry;
+mod tls;
 mod topology;
 
 pub use broker::{
     BatchItem, BrokerError, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo, connect,
-    declare, delete, inspect_queue,
+    connect_with_tls, declare, delete, inspect_queue,
 };
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
@@ -103,6 +105,7 @@ pub use store::{
     Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, is_connection_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
+pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
     dead_letter_queue_name, retry_queue_name,
