@@ -144,7 +144,11 @@ pub async fn connect_with_tls(
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(c)) => return Ok(c),
             Ok(Err(e)) => {
-                if let Some(tls_error) = crate::tls::classify(u, &e) {
+                let mut tls_error = crate::tls::classify(u, &e);
+                if tls_error.is_none() && crate::tls::may_hide_refusal(u, &e) {
+                    tls_error = crate::tls::probe(u, &tls_config).await;
+                }
+                if let Some(tls_error) = tls_error {
                     tracing::error!(error = %tls_error, "TLS failed");
                     return Err(BrokerError::Tls(tls_error));
                 }

@@ -13,6 +13,7 @@
 
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use rustls::pki_types::pem::PemObject;
@@ -222,11 +223,65 @@ pub(crate) fn classify(url: &str, error: &lapin::Error) -> Option<TlsError> {
     Some(TlsError::Handshake { host, reason })
 }
 
+/// True for an error that may hide a refused handshake: with TLS 1.3 the client
+/// finishes its side of the handshake before the broker has checked the client
+/// certificate, so the broker's alert can race with the client's first write and
+/// surface as a reset or an end of stream instead.
+pub(crate) fn may_hide_refusal(url: &str, error: &lapin::Error) -> bool {
+    use std::io::ErrorKind as K;
+    url.starts_with("amqps://")
+        && matches!(error.kind(), lapin::ErrorKind::IOError(io) if matches!(
+            io.kind(),
+            K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof | K::BrokenPipe
+        ))
+}
+
+/// How long the probe waits for a refusal after its handshake. A broker that
+/// accepted the client waits in silence for the AMQP header, so this bounds the
+/// probe; an alert comes within a round trip.
+const PROBE_LISTEN: Duration = Duration::from_secs(2);
+
+/// Settles what [`may_hide_refusal`] suspects: a fresh TLS connection, same
+/// settings, that completes the handshake and then only listens, so the broker's
+/// alert cannot be lost to a reset. `Some` if the broker refused our
+/// certificate; `None` if it was silent or unreachable (then the original error
+/// stands and is retried).
+pub(crate) async fn probe(url: &str, config: &OwnedTLSConfig) -> Option<TlsError> {
+    let uri = url.parse::<lapin::uri::AMQPUri>().ok()?;
+    let host = uri.authority.host.clone();
+    let port = uri.authority.port;
+    let config = config.clone();
+    let found = tokio::task::spawn_blocking(move || -> Option<std::io::Error> {
+        use std::io::Read;
+        use std::net::ToSocketAddrs;
+        let addr = (host.as_str(), port).to_socket_addrs().ok()?.next()?;
+        let stream = lapin::tcp::TcpStream::connect_timeout(addr, PROBE_LISTEN).ok()?;
+        stream.set_read_timeout(Some(PROBE_LISTEN)).ok()?;
+        stream.set_write_timeout(Some(PROBE_LISTEN)).ok()?;
+        let mut stream = match stream.into_tls(&host, config.as_ref()) {
+            Ok(s) => s,
+            Err(lapin::tcp::HandshakeError::Failure(e)) => return Some(e),
+            Err(lapin::tcp::HandshakeError::WouldBlock(_)) => return None,
+        };
+        stream.read(&mut [0u8; 1]).err()
+    })
+    .await
+    .ok()??;
+    let rustls = find_rustls_in(&found)?;
+    let host = host_of(url);
+    let reason = explain(&host, rustls);
+    Some(TlsError::Handshake { host, reason })
+}
+
 fn find_rustls(error: &lapin::Error) -> Option<&rustls::Error> {
-    let mut current: &(dyn StdError + 'static) = match error.kind() {
-        lapin::ErrorKind::IOError(io) => &**io,
-        _ => return None,
-    };
+    match error.kind() {
+        lapin::ErrorKind::IOError(io) => find_rustls_in(&**io),
+        _ => None,
+    }
+}
+
+fn find_rustls_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    let mut current = error;
     loop {
         if let Some(found) = current.downcast_ref::<rustls::Error>() {
             return Some(found);

@@ -16,3 +16,4 @@ mod poison;
 mod retries;
 mod shutdown;
 mod supervision;
+mod tls;
