@@ -103,9 +103,10 @@ impl TlsOptions {
             Some(path) => {
                 let pem = read(CA_FILE, path)?;
                 certificates(CA_FILE, path, &pem)?;
-                Some(String::from_utf8(pem).map_err(|_| {
-                    TlsError::option(CA_FILE, path, "is not a PEM text file".into())
-                })?)
+                Some(
+                    String::from_utf8(pem)
+                        .map_err(|_| TlsError::option(CA_FILE, path, "is not a PEM text file"))?,
+                )
             }
         };
         let identity = match (&self.client_cert, &self.client_key) {
@@ -158,7 +159,7 @@ fn certificates(option: &str, path: &Path, pem: &[u8]) -> Result<(), TlsError> {
         return Err(TlsError::option(
             option,
             path,
-            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
         ));
     }
     Ok(())
@@ -185,7 +186,7 @@ pub enum TlsError {
 }
 
 impl TlsError {
-    fn option(option: &str, path: &Path, what: String) -> Self {
+    fn option(option: &str, path: &Path, what: impl std::fmt::Display) -> Self {
         TlsError::Config(format!("{option}: {} {what}", path.display()))
     }
 
@@ -292,10 +293,7 @@ fn find_rustls_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls:
         }
         // io::Error's `source` skips the error it wraps; look inside it first.
         current = match current.downcast_ref::<std::io::Error>() {
-            Some(io) => match io.get_ref() {
-                Some(inner) => inner,
-                None => return None,
-            },
+            Some(io) => io.get_ref()?,
             None => current.source()?,
         };
     }

@@ -5,6 +5,8 @@
 //! They need the throwaway certificates and TLS listeners of `.ci/tls-setup`,
 //! found through `WARREN_TLS_DIR`; without it each test prints a note and passes.
 
+#![allow(clippy::print_stderr)] // the skip note, and the errors a user would see
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
