@@ -15,6 +15,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::Mutex;
 
 use crate::envelope::Outgoing;
+use crate::tls::{TlsError, TlsOptions};
 use crate::topology::{ArgValue, ExchangeKind, QueueSpec, Topology};
 
 /// How long a connection attempt may take, handshake included.
@@ -111,6 +112,10 @@ pub enum BrokerError {
     /// headers larger than a frame); publishing it again cannot succeed.
     #[error("message cannot be published: {0}")]
     Invalid(String),
+    /// TLS cannot work: a bad option, or a handshake that failed on a
+    /// certificate. Fatal: retrying does not mend a certificate.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 impl BrokerError {
@@ -138,21 +143,61 @@ impl BrokerError {
     pub fn is_invalid(&self) -> bool {
         matches!(self, BrokerError::Invalid(_))
     }
+
+    /// True for a TLS failure: a bad option or a certificate refused either way.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, BrokerError::Tls(_))
+    }
 }
 
 /// Opens a connection named `name` (shown in the management UI). `url` may list
 /// several brokers of a cluster, separated by commas; they are tried in turn and
-/// the first that answers is used.
+/// the first that answers is used. `amqps://` URLs verify the broker against the
+/// bundled public roots; [`connect_with_tls`] takes a private CA or a client
+/// certificate.
 pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
+    connect_with_tls(url, name, &TlsOptions::default()).await
+}
+
+/// [`connect`] with TLS options for `amqps://` URLs. A TLS failure is
+/// [`BrokerError::Tls`], naming the host; it is returned at once, without trying
+/// the other URLs, since retrying cannot mend a certificate.
+pub async fn connect_with_tls(
+    url: &str,
+    name: &str,
+    tls: &TlsOptions,
+) -> Result<Connection, BrokerError> {
     let urls = parse_urls(url)?;
+    if !tls.is_default()
+        && let Some(plain) = urls.iter().find(|u| !u.starts_with("amqps://"))
+    {
+        // A CA or client certificate set for a plain URL means the operator
+        // expects encryption; connecting in the clear would hide that mistake.
+        return Err(BrokerError::Tls(TlsError::Config(format!(
+            "TLS options are set but {} is not an amqps:// URL",
+            crate::redact_url(plain)
+        ))));
+    }
+    // Read at every connect, so a renewed certificate is used on reconnect.
+    let tls_config = tls.load()?;
     let mut last = None;
     for u in &urls {
         let props = ConnectionProperties::default().with_connection_name(name.into());
+        let runtime = lapin::runtime::default_runtime()?;
+        let connecting = Connection::connect_with_config(u, props, tls_config.clone(), runtime);
         // A broker that is starting can accept the TCP connection and then not
         // answer the handshake; without a deadline the connect would wait forever.
-        match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(u, props)).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(c)) => return Ok(c),
             Ok(Err(e)) => {
+                let mut tls_error = crate::tls::classify(u, &e);
+                if tls_error.is_none() && crate::tls::may_hide_refusal(u, &e) {
+                    tls_error = crate::tls::probe(u, &tls_config).await;
+                }
+                if let Some(tls_error) = tls_error {
+                    tracing::error!(error = %tls_error, "TLS failed");
+                    return Err(BrokerError::Tls(tls_error));
+                }
                 tracing::warn!(url = %crate::redact_url(u), error = %e, "broker unreachable");
                 last = Some(BrokerError::Amqp(e));
             }

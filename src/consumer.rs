@@ -46,6 +46,7 @@ use crate::relay::{Relay, RelayConfig};
 use crate::retry::{RetryDecision, RetryPolicy};
 use crate::store::{InboxEntry, OutboxStore, Store, StoreError};
 use crate::telemetry::{MessageFields, Outcome, StatsHandle, Telemetry};
+use crate::tls::TlsOptions;
 use crate::topology::{QueueType, Topology, dead_letter_queue_name, retry_queue_name};
 
 /// Default number of unacknowledged deliveries the broker may push to one consumer.
@@ -93,6 +94,10 @@ pub struct ConsumerConfig {
     /// Share of `consumer_timeout` after which a still-running handler is logged
     /// as a warning (default 0.5).
     pub timeout_warning_share: f64,
+    /// How `amqps://` connections verify the broker and authenticate (a private
+    /// CA, a client certificate). Ignored by `amqp://` URLs, unless set: then the
+    /// connect fails rather than run unencrypted.
+    pub tls: TlsOptions,
 }
 
 impl ConsumerConfig {
@@ -114,6 +119,7 @@ impl ConsumerConfig {
             queue_metrics_interval: Duration::from_secs(15),
             consumer_timeout: Duration::from_secs(30 * 60),
             timeout_warning_share: 0.5,
+            tls: TlsOptions::default(),
         }
     }
 
@@ -179,6 +185,12 @@ impl ConsumerConfig {
     /// Sets how often queue metrics are read.
     pub fn with_queue_metrics_interval(mut self, interval: Duration) -> Self {
         self.queue_metrics_interval = interval;
+        self
+    }
+
+    /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -431,16 +443,27 @@ impl<S: Store> Consumer<S> {
     /// the topology, and subscribes.
     async fn open_session(&self, amqp_url: &str) -> Result<Session, Error> {
         let config = &self.inner.config;
-        let consume =
-            Arc::new(broker::connect(amqp_url, &format!("warren consumer {}", config.name)).await?);
-        let publish =
-            match broker::connect(amqp_url, &format!("warren publisher {}", config.name)).await {
-                Ok(c) => Arc::new(c),
-                Err(e) => {
-                    let _ = consume.close(200, "publisher failed".into()).await;
-                    return Err(e.into());
-                }
-            };
+        let consume = Arc::new(
+            broker::connect_with_tls(
+                amqp_url,
+                &format!("warren consumer {}", config.name),
+                &config.tls,
+            )
+            .await?,
+        );
+        let publish = match broker::connect_with_tls(
+            amqp_url,
+            &format!("warren publisher {}", config.name),
+            &config.tls,
+        )
+        .await
+        {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                let _ = consume.close(200, "publisher failed".into()).await;
+                return Err(e.into());
+            }
+        };
         let opened = async {
             let setup = broker::deadline("opening a channel", consume.create_channel()).await?;
             broker::declare(&setup, &self.topology()).await?;
@@ -632,7 +655,8 @@ enum SessionEnd {
 fn is_fatal(e: &Error) -> bool {
     match e {
         Error::Config(_) => true,
-        Error::Broker(b) => b.is_topology_drift(),
+        // Neither a drifted queue nor a refused certificate mends by retrying.
+        Error::Broker(b) => b.is_topology_drift() || b.is_tls(),
         _ => false,
     }
 }
@@ -691,7 +715,8 @@ impl<S: OutboxStore> Consumer<S> {
     /// Runs the consumer and an outbox relay on the same store together, the
     /// common case: what handlers write to the outbox is published as soon as it
     /// commits. On shutdown the consumer drains first, then the relay publishes
-    /// what is committed and stops.
+    /// what is committed and stops. A relay configured without TLS options uses
+    /// the consumer's, since both talk to the same broker.
     ///
     /// The relay is supervised: if it ends while the consumer runs (a panic, an
     /// error), [`Health::relay`](crate::Health) turns false (so `/readyz` goes
@@ -708,6 +733,10 @@ impl<S: OutboxStore> Consumer<S> {
         F: Future<Output = ()> + Send,
     {
         relay.validate()?;
+        let mut relay = relay;
+        if relay.tls.is_default() {
+            relay.tls = self.inner.config.tls.clone();
+        }
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let store = self.inner.store.clone();
         let url = amqp_url.to_owned();

@@ -25,6 +25,7 @@
 //! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
 //! - `topology`: exchanges and queues as data ([`Topology`]).
 //! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
+//! - `tls`: `amqps://` with a private CA or a client certificate ([`TlsOptions`]).
 //! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
 //! - `headers`: what a copy keeps and drops, warren's signed headers, frame-size bounds.
 //! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
@@ -61,11 +62,12 @@ mod retry;
 mod shutdown;
 mod store;
 mod telemetry;
+mod tls;
 mod topology;
 
 pub use broker::{
     BatchItem, BrokerError, CALL_TIMEOUT, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo,
-    connect, declare, delete, inspect_queue,
+    connect, connect_with_tls, declare, delete, inspect_queue,
 };
 pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
@@ -107,6 +109,7 @@ pub use store::{
     is_connection_error, is_permanent_data_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
+pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};
 pub use topology::{
     ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
     UNBOUNDED_DELIVERY_LIMIT, dead_letter_queue_name, retry_queue_name,

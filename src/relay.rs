@@ -18,6 +18,7 @@ use crate::broker::{self, Backoff, BatchItem, Publisher};
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
 use crate::store::{OutboxStore, StoreError};
+use crate::tls::TlsOptions;
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
@@ -50,6 +51,8 @@ pub struct RelayConfig {
     pub retention: Duration,
     /// How often published rows past retention are deleted.
     pub housekeeping_interval: Duration,
+    /// How `amqps://` connections verify the broker and authenticate.
+    pub tls: TlsOptions,
 }
 
 impl RelayConfig {
@@ -61,7 +64,14 @@ impl RelayConfig {
             poll_interval: DEFAULT_POLL_INTERVAL,
             retention: DEFAULT_RETENTION,
             housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
+            tls: TlsOptions::default(),
         }
+    }
+
+    /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Sets the batch size.
@@ -233,12 +243,19 @@ impl<S: OutboxStore> Relay<S> {
         let mut stopping = None::<Instant>;
         loop {
             if publisher.is_none() {
-                match broker::connect(amqp_url, &format!("warren relay {}", self.config.name)).await
+                match broker::connect_with_tls(
+                    amqp_url,
+                    &format!("warren relay {}", self.config.name),
+                    &self.config.tls,
+                )
+                .await
                 {
                     Ok(c) => {
                         let c = Arc::new(c);
                         publisher = Some((Arc::clone(&c), Publisher::new(c)));
                     }
+                    // Retrying cannot mend a certificate; rows stay pending.
+                    Err(e) if e.is_tls() => return Err(e.into()),
                     Err(e) => {
                         let wait = backoff.next_delay();
                         tracing::warn!(error = %e, retry_in = ?wait, "relay cannot reach the broker");

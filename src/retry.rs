@@ -229,7 +229,7 @@ mod tests {
             .collect();
         assert_eq!(delays, DEFAULT_TIERS);
         assert_eq!(p.decide(6, None), RetryDecision::Exhausted { attempts: 6 });
-        assert_eq!(p.horizon(), DEFAULT_TIERS.iter().sum());
+        assert_eq!(p.horizon(), DEFAULT_TIERS.iter().sum::<Duration>());
     }
 
     #[test]

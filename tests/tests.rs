@@ -17,3 +17,4 @@ mod poison;
 mod retries;
 mod shutdown;
 mod supervision;
+mod tls;

@@ -22,8 +22,34 @@ struct Cli {
     /// Broker URL. The password is never printed.
     #[arg(long, env = "AMQP_URL", default_value = DEFAULT_AMQP_URL, global = true, hide_env_values = true)]
     amqp_url: String,
+    /// PEM file of the CA that signed the broker's certificate (amqps://), trusted
+    /// besides the bundled public roots.
+    #[arg(long, env = "AMQP_CA_FILE", global = true)]
+    amqp_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate to present (amqps://); needs --amqp-client-key.
+    #[arg(long, env = "AMQP_CLIENT_CERT", global = true)]
+    amqp_client_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --amqp-client-cert.
+    #[arg(long, env = "AMQP_CLIENT_KEY", global = true)]
+    amqp_client_key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+impl Cli {
+    /// The TLS flags, checked; an error names the flag.
+    fn tls(&self) -> Result<warren::TlsOptions, String> {
+        let tls = warren::TlsOptions {
+            ca_file: self.amqp_ca_file.clone(),
+            client_cert: self.amqp_client_cert.clone(),
+            client_key: self.amqp_client_key.clone(),
+        };
+        tls.validate().map_err(|e| {
+            e.with_option_names("--amqp-ca-file", "--amqp-client-cert", "--amqp-client-key")
+                .to_string()
+        })?;
+        Ok(tls)
+    }
 }
 
 #[derive(Subcommand)]
@@ -359,8 +385,9 @@ macro_rules! with_store {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
+    let tls = cli.tls()?;
     let connect = || async {
-        warren::connect(&cli.amqp_url, "warren cli")
+        warren::connect_with_tls(&cli.amqp_url, "warren cli", &tls)
             .await
             .map(Arc::new)
             .map_err(|e| format!("cannot connect to the broker: {e}"))

@@ -203,7 +203,7 @@ pub async fn run<B: BillingDb>(
         started.elapsed().as_secs_f64()
     );
     let connection = Arc::new(
-        warren::connect(amqp_url, "billing chaos checks")
+        warren::connect_with_tls(amqp_url, "billing chaos checks", &settings.tls)
             .await
             .map_err(|e| e.to_string())?,
     );

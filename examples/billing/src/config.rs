@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use warren::{DatabaseUrl, RetryPolicy};
+use warren::{DatabaseUrl, RetryPolicy, TlsOptions};
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
@@ -17,6 +17,9 @@ pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub amqp_url: Option<String>,
+    pub amqp_ca_file: Option<String>,
+    pub amqp_client_cert: Option<String>,
+    pub amqp_client_key: Option<String>,
     pub database_url: Option<String>,
     pub prefix: Option<String>,
     pub http: Option<String>,
@@ -40,6 +43,9 @@ impl Raw {
     pub fn or(self, other: Raw) -> Raw {
         Raw {
             amqp_url: self.amqp_url.or(other.amqp_url),
+            amqp_ca_file: self.amqp_ca_file.or(other.amqp_ca_file),
+            amqp_client_cert: self.amqp_client_cert.or(other.amqp_client_cert),
+            amqp_client_key: self.amqp_client_key.or(other.amqp_client_key),
             database_url: self.database_url.or(other.database_url),
             prefix: self.prefix.or(other.prefix),
             http: self.http.or(other.http),
@@ -64,6 +70,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub amqp_url: String,
+    /// CA file and client certificate for amqps:// URLs.
+    pub tls: TlsOptions,
     /// `None`: the command's default (a file `billing.db`; the demo's own).
     pub database_url: Option<DatabaseUrl>,
     pub prefix: Option<String>,
@@ -93,6 +101,14 @@ impl Config {
                 ));
             }
         }
+        let tls = resolve_tls(
+            [
+                &raw.amqp_ca_file,
+                &raw.amqp_client_cert,
+                &raw.amqp_client_key,
+            ],
+            &amqp_url,
+        )?;
         let database_url = raw
             .database_url
             .map(|u| key("database_url", u.parse::<DatabaseUrl>()))
@@ -166,6 +182,7 @@ impl Config {
         }
         Ok(Config {
             amqp_url,
+            tls,
             database_url,
             prefix: raw.prefix,
             http,
@@ -177,6 +194,36 @@ impl Config {
             consumer_timeout,
         })
     }
+}
+
+/// The TLS files, read and checked; an `amqp://` URL with any of them set is an
+/// error, since the operator meant the connection to be encrypted.
+fn resolve_tls(files: [&Option<String>; 3], amqp_url: &str) -> Result<TlsOptions, String> {
+    let path = |v: &Option<String>| v.as_deref().filter(|p| !p.is_empty()).map(Into::into);
+    let tls = TlsOptions {
+        ca_file: path(files[0]),
+        client_cert: path(files[1]),
+        client_key: path(files[2]),
+    };
+    let keys = ["amqp_ca_file", "amqp_client_cert", "amqp_client_key"];
+    tls.validate()
+        .map_err(|e| e.with_option_names(keys[0], keys[1], keys[2]).to_string())?;
+    let set = [&tls.ca_file, &tls.client_cert, &tls.client_key];
+    if let Some(key) = keys
+        .iter()
+        .zip(set)
+        .find_map(|(k, v)| v.is_some().then_some(k))
+        && let Some(plain) = amqp_url
+            .split(',')
+            .map(str::trim)
+            .find(|u| !u.starts_with("amqps://"))
+    {
+        return Err(format!(
+            "{key}: TLS files are set but the broker URL {} is not amqps://",
+            warren::redact_url(plain)
+        ));
+    }
+    Ok(tls)
 }
 
 #[cfg(test)]
@@ -193,6 +240,37 @@ mod tests {
         assert_eq!(c.prefetch, 32);
         assert_eq!(c.http.to_string(), DEFAULT_HTTP);
         assert!(c.database_url.is_none());
+    }
+
+    #[test]
+    fn tls_files_are_checked_and_need_amqps() {
+        let e = err(Raw {
+            amqp_url: Some("amqps://broker:5671".into()),
+            amqp_ca_file: Some("/nonexistent/ca.pem".into()),
+            ..Raw::default()
+        });
+        assert!(e.starts_with("amqp_ca_file:"), "{e}");
+        let e = err(Raw {
+            amqp_url: Some("amqps://broker:5671".into()),
+            amqp_client_cert: Some("/nonexistent/client.pem".into()),
+            ..Raw::default()
+        });
+        assert!(e.starts_with("amqp_client_key:"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let e = err(Raw {
+            amqp_ca_file: Some(ca.display().to_string()),
+            ..Raw::default()
+        });
+        assert!(
+            e.starts_with("amqp_ca_file:") && e.contains("not amqps://"),
+            "{e}"
+        );
     }
 
     #[test]

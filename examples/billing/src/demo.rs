@@ -28,6 +28,7 @@ pub fn demo_settings(prefetch: u16, concurrency: usize) -> Settings {
         ]),
         queue_type: QueueType::Quorum,
         consumer_timeout: Duration::from_secs(30 * 60),
+        tls: warren::TlsOptions::default(),
     }
 }
 
@@ -57,7 +58,7 @@ pub async fn run<B: BillingDb>(
     let running =
         service::start::<B>(store.clone(), amqp_url, names, settings, relay, stop_rx).await?;
     let connection = Arc::new(
-        warren::connect(amqp_url, "billing demo")
+        warren::connect_with_tls(amqp_url, "billing demo", &settings.tls)
             .await
             .map_err(|e| e.to_string())?,
     );

@@ -46,6 +46,16 @@ struct Cli {
     /// amqp://guest:guest@127.0.0.1:5672/%2f].
     #[arg(long, env = "AMQP_URL", global = true, hide_env_values = true)]
     amqp_url: Option<String>,
+    /// PEM file of the CA that signed the broker's certificate, for amqps://
+    /// (trusted besides the bundled public roots).
+    #[arg(long, env = "AMQP_CA_FILE", global = true)]
+    amqp_ca_file: Option<String>,
+    /// PEM client certificate to present over amqps://; needs --amqp-client-key.
+    #[arg(long, env = "AMQP_CLIENT_CERT", global = true)]
+    amqp_client_cert: Option<String>,
+    /// PEM private key of --amqp-client-cert.
+    #[arg(long, env = "AMQP_CLIENT_KEY", global = true)]
+    amqp_client_key: Option<String>,
     /// Database: postgres://..., sqlite://PATH, or a file path [default: SQLite
     /// file billing.db here; the demo uses a fresh temporary one].
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
@@ -164,6 +174,9 @@ impl Cli {
     fn resolve(&self) -> Result<Config, String> {
         let flags = config::Raw {
             amqp_url: self.amqp_url.clone(),
+            amqp_ca_file: self.amqp_ca_file.clone(),
+            amqp_client_cert: self.amqp_client_cert.clone(),
+            amqp_client_key: self.amqp_client_key.clone(),
             database_url: self.database_url.clone(),
             prefix: self.prefix.clone(),
             http: self.http.clone(),
@@ -194,6 +207,7 @@ impl Config {
             retry,
             queue_type: QueueType::Quorum,
             consumer_timeout: self.consumer_timeout,
+            tls: self.tls.clone(),
         }
     }
 
@@ -300,7 +314,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             service::declare(&cli.amqp_url, &names, &settings).await?;
             let plan = stream::plan(&spec);
             let connection = Arc::new(
-                warren::connect(&cli.amqp_url, "billing publish")
+                warren::connect_with_tls(&cli.amqp_url, "billing publish", &cli.tls)
                     .await
                     .map_err(|e| e.to_string())?,
             );
@@ -342,7 +356,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             }
             let db = open(&url, None, 2).await?;
             let connection = Arc::new(
-                warren::connect(&cli.amqp_url, "billing status")
+                warren::connect_with_tls(&cli.amqp_url, "billing status", &cli.tls)
                     .await
                     .map_err(|e| e.to_string())?,
             );
@@ -548,7 +562,9 @@ async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
 
 /// Removes what the demo created: its queues and exchange, and its schema.
 async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Option<&str>) {
-    if let Ok(connection) = warren::connect(&cli.amqp_url, "billing demo teardown").await {
+    if let Ok(connection) =
+        warren::connect_with_tls(&cli.amqp_url, "billing demo teardown", &cli.tls).await
+    {
         let _ = warren::delete(&connection, &service::topology(names, settings)).await;
         let _ = connection.close(200, "done".into()).await;
     }

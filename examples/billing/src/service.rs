@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use warren::{
     BindingSpec, ConsumerConfig, QueueSpec, QueueType, RelayConfig, RetryPolicy, StatsHandle,
-    Topology,
+    TlsOptions, Topology,
 };
 
 use crate::db::BillingDb;
@@ -50,6 +50,8 @@ pub struct Settings {
     pub retry: RetryPolicy,
     pub queue_type: QueueType,
     pub consumer_timeout: Duration,
+    /// CA file and client certificate for amqps://.
+    pub tls: TlsOptions,
 }
 
 /// billing's consumer configuration for `names`.
@@ -61,6 +63,7 @@ pub fn consumer_config(names: &Names, settings: &Settings) -> ConsumerConfig {
         .with_retry(settings.retry.clone())
         .with_queue_type(settings.queue_type)
         .with_consumer_timeout(settings.consumer_timeout)
+        .with_tls(settings.tls.clone())
 }
 
 /// Everything billing declares: the consumer's topology plus the downstream queue
@@ -79,7 +82,7 @@ pub fn topology(names: &Names, settings: &Settings) -> Topology {
 
 /// Declares billing's topology.
 pub async fn declare(amqp_url: &str, names: &Names, settings: &Settings) -> Result<(), String> {
-    let connection = warren::connect(amqp_url, "billing setup")
+    let connection = warren::connect_with_tls(amqp_url, "billing setup", &settings.tls)
         .await
         .map_err(|e| {
             format!(

@@ -18,6 +18,9 @@ fn pg_url() -> String {
 fn billing() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_billing"));
     cmd.env("AMQP_URL", AMQP_URL)
+        .env_remove("AMQP_CA_FILE")
+        .env_remove("AMQP_CLIENT_CERT")
+        .env_remove("AMQP_CLIENT_KEY")
         .env_remove("DATABASE_URL")
         .env_remove("BILLING_PREFIX")
         .stdin(Stdio::null())
@@ -60,6 +63,87 @@ async fn demo_passes_its_checks_on_postgres() {
     assert!(ok, "demo failed:\n{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
     assert!(out.contains("PostgreSQL"), "{out}");
+}
+
+/// The certificates of `.ci/tls-setup`, or `None` (and a note) without them.
+#[allow(clippy::print_stderr)] // the note says why the test did nothing
+fn tls_dir() -> Option<std::path::PathBuf> {
+    match std::env::var_os("WARREN_TLS_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => Some(dir.into()),
+        None => {
+            eprintln!("skipped: WARREN_TLS_DIR is not set (run .ci/tls-setup)");
+            None
+        }
+    }
+}
+
+const AMQPS_URL: &str = "amqps://guest:guest@127.0.0.1:5671/%2f";
+
+/// The demo over `amqps://` with the private CA (variable) and a client
+/// certificate (flags), on PostgreSQL with `sslmode=verify-full`.
+#[tokio::test]
+async fn demo_passes_its_checks_over_tls() {
+    let Some(dir) = tls_dir() else { return };
+    let base = pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let database_url = format!(
+        "{base}{sep}sslmode=verify-full&sslrootcert={}",
+        dir.join("ca.pem").display()
+    );
+    let (ok, out, err) = output(
+        billing()
+            .env("AMQP_URL", AMQPS_URL)
+            .env("AMQP_CA_FILE", dir.join("ca.pem"))
+            .args(["demo", "--count", "200", "--database-url", &database_url])
+            .arg("--amqp-client-cert")
+            .arg(dir.join("client.pem"))
+            .arg("--amqp-client-key")
+            .arg(dir.join("client.key")),
+    )
+    .await;
+    assert!(ok, "demo over TLS failed:\n{out}\n{err}");
+    assert!(out.contains("all checks passed"), "{out}");
+    assert!(out.contains("PostgreSQL"), "{out}");
+}
+
+/// A broker certificate signed by another CA stops billing at once with a
+/// message naming the host; TLS files with a plain URL are refused by name.
+#[tokio::test]
+async fn tls_mistakes_stop_billing_with_a_message() {
+    let Some(dir) = tls_dir() else { return };
+    let started = std::time::Instant::now();
+    let (ok, _, err) = output(
+        billing()
+            .env("AMQP_URL", AMQPS_URL)
+            .env("AMQP_CA_FILE", dir.join("other-ca.pem"))
+            .args([
+                "publish",
+                "--count",
+                "1",
+                "--prefix",
+                &unique("billing-tls"),
+            ]),
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(err.contains("127.0.0.1:5671"), "{err}");
+    assert!(err.contains("AMQP_CA_FILE"), "{err}");
+    let (ok, _, err) = output(
+        billing()
+            .env("AMQP_CA_FILE", dir.join("ca.pem"))
+            .arg("status"),
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("amqp_ca_file") && err.contains("not amqps://"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
