@@ -361,3 +361,46 @@ async fn outbox_status_and_retry_failed<B: Backend>() {
     broker.cleanup().await;
     db.drop_db().await;
 }
+
+/// Regression (issue 10): `warren outbox` printed a `?password=` parameter and a
+/// password holding `/` whole, a bad scheme was echoed by the argument parser, and
+/// a malformed broker URL appeared in full in a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_form_of_credential_is_printed() {
+    for (database, bad_argument) in [
+        (
+            "postgres://u:SECRET/x@127.0.0.1/nodb?password=SECRET2",
+            false,
+        ),
+        ("postgres://u@127.0.0.1/nodb?password=SECRET", false),
+        (
+            "postgres://u:SE%2FCRET@127.0.0.1/db?sslpassword=SECRET",
+            false,
+        ),
+        ("pg://u:SECRET@127.0.0.1/db", true),
+    ] {
+        let out = warren(&["outbox", "--database-url", database, "status"]).await;
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(if bad_argument { 2 } else { 1 }),
+            "{stderr}"
+        );
+        assert!(
+            !stdout.contains("SECRET") && !stderr.contains("SECRET"),
+            "{database}:\n{stdout}\n{stderr}"
+        );
+    }
+    let out = warren_cmd()
+        .env("AMQP_URL", "amqp://u:SECRET/x@127.0.0.1:1/%2f")
+        .args(["dlq", "list", "q"])
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        !stdout.contains("SECRET") && !stderr.contains("SECRET"),
+        "{stdout}\n{stderr}"
+    );
+}

@@ -37,7 +37,7 @@ enum Command {
     /// The inbox in a database: retention.
     Inbox {
         /// postgres://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = parse_database_url)]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
         database_url: DatabaseUrl,
         #[command(subcommand)]
         command: InboxCommand,
@@ -45,7 +45,7 @@ enum Command {
     /// The transactional outbox in a database.
     Outbox {
         /// postgres://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = parse_database_url)]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
         database_url: DatabaseUrl,
         #[command(subcommand)]
         command: OutboxCommand,
@@ -91,8 +91,32 @@ enum OutboxCommand {
     },
 }
 
-fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
-    s.parse()
+/// Parses `--database-url` without echoing it: clap's usual error quotes the
+/// value, and the value holds a password.
+#[derive(Clone)]
+struct DatabaseUrlParser;
+
+impl clap::builder::TypedValueParser for DatabaseUrlParser {
+    type Value = DatabaseUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<DatabaseUrl, clap::Error> {
+        let invalid = |why: String| {
+            cmd.clone().error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid --database-url: {why}"),
+            )
+        };
+        value
+            .to_str()
+            .ok_or_else(|| invalid("not UTF-8".into()))?
+            .parse()
+            .map_err(invalid)
+    }
 }
 
 #[derive(Subcommand)]

@@ -87,6 +87,49 @@ const MIGRATIONS: Migrations = Migrations {
 
 /// A [`Store`] on PostgreSQL.
 ///
+/// The query parameters sqlx 0.9 reads from a PostgreSQL URL.
+const KNOWN_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+fn without_unknown_params(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return url.to_owned();
+    };
+    let (known, unknown): (Vec<_>, Vec<_>) = parsed
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .partition(|(k, _)| KNOWN_PARAMS.contains(&k.as_str()));
+    if unknown.is_empty() {
+        return url.to_owned();
+    }
+    let names: Vec<&str> = unknown.iter().map(|(k, _)| k.as_str()).collect();
+    tracing::warn!(parameters = ?names, "ignoring unrecognized PostgreSQL URL parameters");
+    if known.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(known);
+    }
+    parsed.into()
+}
+
 /// Tables live in the connection's current schema (the first entry of
 /// `search_path`), so one database can host several isolated warren deployments.
 #[derive(Clone, Debug)]
@@ -98,10 +141,15 @@ impl PgStore {
     /// Connects with a pool of `max_connections` (size it to the consumer's
     /// concurrency plus a few for the relay and operators).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url).map_err(|e| {
-            StoreError::Config(format!("database URL is not a PostgreSQL URL: {e}"))
-        })?;
-        Self::connect_with(options, max_connections).await
+        Self::connect_with(Self::options(url)?, max_connections).await
+    }
+
+    /// The connect options a PostgreSQL URL names. Query parameters the driver
+    /// does not know are dropped first (it would ignore them anyway): the driver
+    /// logs each one it ignores with its value, and `sslpassword=...` is one.
+    pub fn options(url: &str) -> Result<PgConnectOptions, StoreError> {
+        PgConnectOptions::from_str(&without_unknown_params(url))
+            .map_err(|e| StoreError::Config(format!("database URL is not a PostgreSQL URL: {e}")))
     }
 
     /// Connects with explicit options.

@@ -118,8 +118,12 @@ impl SqliteStore {
     /// plain path.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = if url.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(url)
-                .map_err(|e| StoreError::Config(format!("invalid SQLite URL {url:?}: {e}")))?
+            SqliteConnectOptions::from_str(url).map_err(|e| {
+                StoreError::Config(format!(
+                    "invalid SQLite URL {}: {e}",
+                    crate::redact_url(url)
+                ))
+            })?
         } else {
             SqliteConnectOptions::new().filename(url)
         };
