@@ -70,6 +70,9 @@ pub enum BrokerError {
     /// No confirm arrived in time.
     #[error("no publisher confirm within {0:?}")]
     ConfirmTimeout(Duration),
+    /// An argument the caller gave cannot be used (e.g. a replay rate of 0).
+    #[error("{0}")]
+    InvalidArgument(String),
 }
 
 impl BrokerError {

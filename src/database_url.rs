@@ -98,7 +98,7 @@ pub fn redact_url(url: &str) -> String {
 /// Splits a comma-separated list of URLs. A comma starts a new URL only where a
 /// scheme and `://` follow it, so a raw comma inside a password does not cut the
 /// password in two (and leave half of it outside the part that gets redacted).
-pub(crate) fn split_url_list(list: &str) -> Vec<&str> {
+pub fn split_url_list(list: &str) -> Vec<&str> {
     let mut parts = Vec::new();
     let mut start = 0;
     for (i, _) in list.match_indices(',') {

@@ -404,3 +404,59 @@ async fn no_form_of_credential_is_printed() {
         "{stdout}\n{stderr}"
     );
 }
+
+/// Regression (issue 10): `dlq list`, `show` and `replay` printed message ids,
+/// types, reasons, errors, headers and payloads raw, so a producer could send
+/// ESC sequences to the operator's terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_output_escapes_control_characters() {
+    use warren::lapin::BasicProperties;
+    use warren::lapin::types::{AMQPValue, FieldTable, LongString};
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let evil = "\u{1b}]0;pwned\u{7}\u{1b}[2J\r\u{9b}31m\u{202e}";
+    let id = format!("id-{evil}");
+    let text_value = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        warren::HEADER_REASON.into(),
+        text_value(&format!("r{evil}")),
+    );
+    headers.insert(warren::HEADER_ERROR.into(), text_value(&format!("e{evil}")));
+    headers.insert(
+        format!("x-h{}", &evil[..5]).as_str().into(),
+        text_value(evil),
+    );
+    let properties = BasicProperties::default()
+        .with_message_id(id.as_str().into())
+        .with_type(format!("t{evil}").as_str().into())
+        .with_headers(headers);
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &broker.dead_letter_queue(),
+            format!("{{\"p\":\"{evil}\"}}").as_bytes(),
+            properties,
+        )
+        .await
+        .unwrap();
+    let q = broker.queue.as_str();
+    for args in [
+        vec!["dlq", "list", q, "--show-payload"],
+        vec!["dlq", "show", q, &id, "--show-payload"],
+        vec!["dlq", "replay", q, "--all", "--dry-run"],
+    ] {
+        let out = warren(&args).await;
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(stdout.contains(r"id-\u{1b}]0;pwned"), "{args:?}: {stdout}");
+        for c in ['\u{1b}', '\u{7}', '\r', '\u{9b}', '\u{202e}'] {
+            assert!(
+                !stdout.contains(c) && !stderr.contains(c),
+                "{args:?} printed {c:?} raw:\n{stdout}"
+            );
+        }
+    }
+    broker.cleanup().await;
+}

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use warren::lapin;
 use warren::{
     ConsumerConfig, DEFAULT_POISON_LIMIT, DatabaseUrl, DeadLetter, DeadLetterQueue, OutboxStore,
-    PgStore, QueueType, RetryPolicy, Selection, SqliteStore, Topology,
+    PgStore, QueueType, RetryPolicy, Selection, SqliteStore, Topology, printable,
 };
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -275,13 +275,11 @@ fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// Message-derived text, escaped by [`warren::printable`], cut to `max` characters.
 fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let flat = printable(s);
     if flat.chars().count() <= max {
-        flat
+        flat.into_owned()
     } else {
         flat.chars()
             .take(max.saturating_sub(1))
@@ -291,7 +289,16 @@ fn one_line(s: &str, max: usize) -> String {
 }
 
 fn print_payload(letter: &DeadLetter) {
-    println!("  payload: {}", String::from_utf8_lossy(&letter.body));
+    println!("  payload: {}", warren::printable_bytes(&letter.body));
+}
+
+/// A message id for display: escaped, `(none)` if empty.
+fn id(message_id: &str) -> std::borrow::Cow<'_, str> {
+    if message_id.is_empty() {
+        "(none)".into()
+    } else {
+        printable(message_id)
+    }
 }
 
 fn print_list(letters: &[DeadLetter], show_payload: bool) {
@@ -311,13 +318,9 @@ fn print_list(letters: &[DeadLetter], show_payload: bool) {
         };
         println!(
             "{:<38} {:<32} {:<24} {:>8} {:<19} {:<19} {}",
-            if l.message_id.is_empty() {
-                "(none)"
-            } else {
-                &l.message_id
-            },
+            id(&l.message_id),
             one_line(&l.event_type, 32),
-            l.reason(),
+            one_line(l.reason(), 24),
             attempts,
             first,
             last,
@@ -331,25 +334,30 @@ fn print_list(letters: &[DeadLetter], show_payload: bool) {
 }
 
 fn print_one(l: &DeadLetter, show_payload: bool) {
-    println!("message id: {}", l.message_id);
-    println!("type:       {}", l.event_type);
-    println!("reason:     {}", l.reason());
+    println!("message id: {}", id(&l.message_id));
+    println!("type:       {}", printable(&l.event_type));
+    println!("reason:     {}", printable(l.reason()));
     if let Some(i) = &l.info {
         println!("attempts:   {}", i.attempts);
-        println!("consumer:   {}", i.consumer);
-        println!("queue:      {}", i.queue);
+        println!("consumer:   {}", printable(&i.consumer));
+        println!("queue:      {}", printable(&i.queue));
         println!(
-            "published:  exchange {:?}, routing key {:?}",
-            i.original_exchange, i.original_routing_key
+            "published:  exchange {}, routing key {}",
+            printable(&format!("{:?}", i.original_exchange)),
+            printable(&format!("{:?}", i.original_routing_key))
         );
         println!("first fail: {}", time(i.first_failure));
         println!("last fail:  {}", time(i.last_failure));
-        println!("error:      {}", i.error);
+        println!("error:      {}", printable(&i.error));
     }
     if let Some(headers) = l.properties.headers() {
         println!("headers:");
         for (k, v) in headers.inner() {
-            println!("  {k}: {v:?}");
+            println!(
+                "  {}: {}",
+                printable(k.as_str()),
+                printable(&format!("{v:?}"))
+            );
         }
     }
     if show_payload {
@@ -480,11 +488,11 @@ async fn run_outbox_on<S: OutboxStore>(
             println!("failed:    {}", status.failed.len());
             for f in &status.failed {
                 println!(
-                    "  row {} message {} to {:?} with {:?} after {} attempt(s): {}",
+                    "  row {} message {} to {} with {} after {} attempt(s): {}",
                     f.id,
-                    f.message_id,
-                    f.exchange,
-                    f.routing_key,
+                    id(&f.message_id),
+                    printable(&format!("{:?}", f.exchange)),
+                    printable(&format!("{:?}", f.routing_key)),
                     f.attempts,
                     one_line(&f.last_error, 200)
                 );
@@ -547,7 +555,7 @@ async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result
                 .map_err(err)?;
             let verb = if dry_run { "would replay" } else { "replayed" };
             for l in &report.replayed {
-                println!("{verb} {} ({})", l.message_id, l.reason());
+                println!("{verb} {} ({})", id(&l.message_id), printable(&l.reason));
             }
             println!(
                 "{verb} {} message(s) to {queue}; {} left in place",
@@ -566,7 +574,7 @@ async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result
             } else {
                 let removed = q.purge_ids(&which.ids).await.map_err(err)?;
                 for l in &removed {
-                    println!("purged {}", l.message_id);
+                    println!("purged {}", id(&l.message_id));
                 }
                 println!("purged {} message(s) from {}", removed.len(), q.name());
             }
