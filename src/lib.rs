@@ -93,7 +93,7 @@ pub use relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
     Relay, RelayConfig, RelayStats, RelayStatsHandle, wake_relay,
 };
-pub use retention::{DEFAULT_REPLAY_MARGIN, PURGE_BATCH, check_window, purge_inbox};
+pub use retention::{DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox};
 pub use retry::{
     DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,
 };

@@ -109,6 +109,12 @@ impl RelayConfig {
                 "relay poll interval must be above zero".into(),
             ));
         }
+        if self.retention > crate::retention::MAX_RETENTION {
+            return Err(Error::Config(crate::retention::window_too_long(
+                "relay retention",
+                self.retention,
+            )));
+        }
         Ok(())
     }
 }
@@ -321,8 +327,12 @@ impl<S: OutboxStore> Relay<S> {
     /// Deletes published rows older than the retention, in batches of 1000 so no
     /// single statement holds locks for long. Returns how many were deleted.
     pub async fn delete_expired(&self) -> Result<u64, StoreError> {
-        let cutoff = Utc::now()
-            - chrono::Duration::from_std(self.config.retention).unwrap_or(chrono::Duration::MAX);
+        let cutoff = crate::retention::cutoff(self.config.retention).ok_or_else(|| {
+            StoreError::Config(crate::retention::window_too_long(
+                "relay retention",
+                self.config.retention,
+            ))
+        })?;
         let mut deleted = 0;
         loop {
             let n = self.store.delete_published_before(cutoff, 1000).await?;

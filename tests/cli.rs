@@ -460,3 +460,43 @@ async fn dlq_output_escapes_control_characters() {
     }
     broker.cleanup().await;
 }
+
+/// Regression (issue 10): `inbox purge --older-than 100000000d` panicked on date
+/// overflow; a huge number of days overflowed a sum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_windows_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    warren::SqliteStore::connect(&url).await.unwrap();
+    for (older_than, code) in [
+        ("100000000d", 1),
+        ("18446744073709551615ms", 1),
+        ("99999999999999999999999d", 2),
+    ] {
+        let out = warren(&[
+            "inbox",
+            "--database-url",
+            &url,
+            "purge",
+            "--consumer",
+            "c",
+            "--older-than",
+            older_than,
+            "--replay-margin",
+            "18446744073709551615ms",
+            "--force",
+        ])
+        .await;
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{older_than}: {stdout}{stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked")
+                && (stderr.contains("too long") || stderr.contains("longer than")),
+            "{older_than}: {stderr}"
+        );
+    }
+}

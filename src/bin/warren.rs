@@ -445,6 +445,13 @@ async fn run_inbox<S: OutboxStore>(store: &S, cmd: InboxCommand) -> Result<(), S
         policy = policy.with_max_attempts(n);
     }
     policy.validate()?;
+    if older_than > warren::MAX_RETENTION {
+        return Err(format!(
+            "--older-than {} is longer than the most warren accepts ({}d)",
+            warren::format_delay(older_than),
+            warren::MAX_RETENTION.as_secs() / 86_400
+        ));
+    }
     if let Err(why) = warren::check_window(older_than, &policy, replay_margin) {
         if !force {
             return Err(why);
