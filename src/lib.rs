@@ -103,7 +103,8 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, is_connection_error,
+    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Tx,
+    is_connection_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, StatsHandle};
 pub use topology::{

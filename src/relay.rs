@@ -353,7 +353,7 @@ impl<S: OutboxStore> Relay<S> {
 
     /// Updates the backlog gauges.
     async fn report_backlog(&self) {
-        if let Ok(status) = self.store.outbox_status().await {
+        if let Ok(status) = self.store.outbox_counts().await {
             let labels = [("consumer", self.config.name.clone())];
             metrics::gauge!("outbox_pending_messages", &labels).set(status.pending as f64);
             metrics::gauge!("outbox_oldest_unpublished_age_seconds", &labels)

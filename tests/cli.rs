@@ -345,6 +345,27 @@ async fn outbox_status_and_retry_failed<B: Backend>() {
         "{out}"
     );
 
+    // Counted in SQL for the relay's gauges; listed only up to --limit.
+    use warren::OutboxStore;
+    let counts = db.store.outbox_counts().await.unwrap();
+    assert_eq!((counts.pending, counts.failed), (0, 1));
+    let bounded = warren(&[
+        "outbox",
+        "--database-url",
+        &db.url,
+        "status",
+        "--limit",
+        "0",
+    ])
+    .await;
+    let (out, _) = text(&bounded);
+    assert!(
+        out.contains("failed:    1")
+            && out.contains("1 more (--limit)")
+            && !out.contains(&event.meta().message_id),
+        "{out}"
+    );
+
     let retried = warren(&["outbox", "--database-url", &db.url, "retry-failed"]).await;
     assert!(
         text(&retried).0.contains("requeued 1 failed row(s)"),

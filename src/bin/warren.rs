@@ -82,7 +82,11 @@ enum InboxCommand {
 #[derive(Subcommand)]
 enum OutboxCommand {
     /// Pending rows, the oldest pending row's age, published rows, failed rows.
-    Status,
+    Status {
+        /// List at most this many failed rows (all are counted).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
     /// Put failed rows back in line for the relay (all, or those given with --id).
     RetryFailed {
         /// Outbox row id (repeat for several); all failed rows when absent.
@@ -477,8 +481,9 @@ async fn run_outbox_on<S: OutboxStore>(
     cmd: OutboxCommand,
 ) -> Result<(), warren::StoreError> {
     match cmd {
-        OutboxCommand::Status => {
-            let status = store.outbox_status().await?;
+        OutboxCommand::Status { limit } => {
+            let status = store.outbox_counts().await?;
+            let failed = store.failed_outbox_rows(limit).await?;
             println!("pending:   {}", status.pending);
             println!(
                 "oldest:    {}",
@@ -492,8 +497,8 @@ async fn run_outbox_on<S: OutboxStore>(
                 }
             );
             println!("published: {} (kept until retention)", status.published);
-            println!("failed:    {}", status.failed.len());
-            for f in &status.failed {
+            println!("failed:    {}", status.failed);
+            for f in &failed {
                 println!(
                     "  row {} message {} to {} with {} after {} attempt(s): {}",
                     f.id,
@@ -502,6 +507,12 @@ async fn run_outbox_on<S: OutboxStore>(
                     printable(&format!("{:?}", f.routing_key)),
                     f.attempts,
                     one_line(&f.last_error, 200)
+                );
+            }
+            if (failed.len() as i64) < status.failed {
+                println!(
+                    "  ... {} more (--limit)",
+                    status.failed - failed.len() as i64
                 );
             }
         }

@@ -9,11 +9,11 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres};
 
-use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
+use crate::outbox::{FailedRow, NewOutboxRow, OutboxRow, RowOutcome};
 
 use super::{
-    Dialect, InboxEntry, Migration, Migrations, OutboxListener, OutboxStore, RawOutboxRow, Store,
-    StoreError, Tx, failed_rows, outbox_rows,
+    Dialect, InboxEntry, Migration, Migrations, OutboxCounts, OutboxListener, OutboxStore,
+    RawOutboxRow, Store, StoreError, Tx, failed_rows, outbox_rows,
 };
 
 const MIGRATIONS: Migrations = Migrations {
@@ -390,28 +390,35 @@ impl OutboxStore for PgStore {
         Ok(taken)
     }
 
-    async fn outbox_status(&self) -> Result<OutboxStatus, StoreError> {
-        let (pending, oldest, published): (i64, Option<DateTime<Utc>>, i64) = sqlx::query_as(
-            "SELECT
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        let (pending, oldest, published, failed): (i64, Option<DateTime<Utc>>, i64, i64) =
+            sqlx::query_as(
+                "SELECT
                 count(*) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
                 min(created_at) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
-                count(*) FILTER (WHERE published_at IS NOT NULL)
+                count(*) FILTER (WHERE published_at IS NOT NULL),
+                count(*) FILTER (WHERE failed_at IS NOT NULL)
              FROM warren_outbox",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
-            "SELECT id, message_id, exchange, routing_key, last_error, attempts
-             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(OutboxStatus {
+            )
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(OutboxCounts {
             pending,
             oldest_pending: oldest,
             published,
-            failed: failed_rows(failed),
+            failed,
         })
+    }
+
+    async fn failed_outbox_rows(&self, limit: u32) -> Result<Vec<FailedRow>, StoreError> {
+        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, last_error, attempts
+             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(failed_rows(failed))
     }
 
     async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {
