@@ -116,6 +116,9 @@ pub enum BrokerError {
     /// certificate. Fatal: retrying does not mend a certificate.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// An argument the caller gave cannot be used (e.g. a replay rate of 0).
+    #[error("{0}")]
+    InvalidArgument(String),
 }
 
 impl BrokerError {
@@ -215,9 +218,8 @@ pub async fn connect_with_tls(
 
 /// Splits a comma-separated list of broker URLs; an empty list is an error.
 pub(crate) fn parse_urls(url: &str) -> Result<Vec<String>, BrokerError> {
-    let urls: Vec<String> = url
-        .split(',')
-        .map(str::trim)
+    let urls: Vec<String> = crate::database_url::split_url_list(url)
+        .into_iter()
         .filter(|u| !u.is_empty())
         .map(str::to_owned)
         .collect();
@@ -611,5 +613,27 @@ fn confirmed(
                 routing_key: routing_key.to_owned(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_broker_url_is_not_echoed() {
+        for bad in [
+            "pg://u:SECRET@h/db",
+            "amqp://u:p@h, http://u:SECRET@h2",
+            "u:SECRET@h",
+        ] {
+            let err = parse_urls(bad).unwrap_err().to_string();
+            assert!(!err.contains("SECRET"), "{bad} -> {err}");
+        }
+        // A raw comma in a password does not split the URL.
+        assert_eq!(
+            parse_urls("amqp://u:a,b@h/%2f, amqps://h2").unwrap(),
+            ["amqp://u:a,b@h/%2f", "amqps://h2"]
+        );
     }
 }

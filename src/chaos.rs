@@ -297,7 +297,7 @@ impl Fleet {
             return Ok(());
         };
         if let Some(pid) = m.child.id() {
-            signal(pid, "-TERM")?;
+            signal(pid, "-TERM").await?;
         }
         let status = tokio::time::timeout(Duration::from_secs(90), m.child.wait())
             .await
@@ -372,10 +372,15 @@ fn is_abort(status: &std::process::ExitStatus) -> bool {
     status.signal() == Some(6)
 }
 
-fn signal(pid: u32, sig: &str) -> Result<(), String> {
-    let status = std::process::Command::new("kill")
+// Both helpers below run their command with tokio::process: they are called
+// from async code on the runtime's few worker threads, and rabbitmqctl can take
+// seconds (await_startup much longer), which would stall every task on the thread.
+
+async fn signal(pid: u32, sig: &str) -> Result<(), String> {
+    let status = Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()
+        .await
         .map_err(|e| e.to_string())?;
     if status.success() {
         Ok(())
@@ -384,33 +389,42 @@ fn signal(pid: u32, sig: &str) -> Result<(), String> {
     }
 }
 
-fn rabbitmqctl(args: &[&str]) -> Result<(), String> {
-    let out = std::process::Command::new("rabbitmqctl")
+async fn rabbitmqctl(args: &[&str]) -> Result<(), String> {
+    run_tool("rabbitmqctl", args).await
+}
+
+/// Runs `program` to completion without blocking the thread; its stderr is the
+/// error if it fails.
+async fn run_tool(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
         .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
         .output()
-        .map_err(|e| format!("cannot run rabbitmqctl: {e}"))?;
+        .await
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "rabbitmqctl {args:?}: {}",
+            "{program} {args:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
 }
 
 /// Closes every client connection of the local broker.
-pub fn close_all_connections() -> Result<(), String> {
-    rabbitmqctl(&["close_all_connections", "chaos"])
+pub async fn close_all_connections() -> Result<(), String> {
+    rabbitmqctl(&["close_all_connections", "chaos"]).await
 }
 
 /// Stops the local broker's application for `down_for`, then starts it and waits
 /// until it is up.
 pub async fn restart_broker(down_for: Duration) -> Result<(), String> {
-    rabbitmqctl(&["stop_app"])?;
+    rabbitmqctl(&["stop_app"]).await?;
     tokio::time::sleep(down_for).await;
-    rabbitmqctl(&["start_app"])?;
-    rabbitmqctl(&["await_startup"])
+    rabbitmqctl(&["start_app"]).await?;
+    rabbitmqctl(&["await_startup"]).await
 }
 
 /// A seeded fault schedule and the count of what it injected.
@@ -500,7 +514,7 @@ impl Campaign {
                 fleet.terminate(member).await?;
                 fleet.start(member, Some(&armed)).await?;
             }
-            FaultKind::CloseConnections => close_all_connections()?,
+            FaultKind::CloseConnections => close_all_connections().await?,
             FaultKind::RestartBroker => restart_broker(self.mix.broker_down_for).await?,
             FaultKind::CrashPointFired => {}
         }
@@ -607,6 +621,28 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 10): rabbitmqctl ran with std::process inside async
+    /// functions, blocking the runtime's thread until it finished. On a
+    /// single-threaded runtime another task must keep running meanwhile.
+    #[tokio::test(flavor = "current_thread")]
+    async fn tools_run_without_blocking_the_runtime() {
+        let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = Arc::clone(&ticks);
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        run_tool("sleep", &["0.5"]).await.unwrap();
+        ticker.abort();
+        assert!(ticks.load(std::sync::atomic::Ordering::Relaxed) >= 5);
+        let err = run_tool("sh", &["-c", "echo broken >&2; exit 3"])
+            .await
+            .unwrap_err();
+        assert!(err.contains("broken"), "{err}");
+    }
 
     #[test]
     fn tally_reads_warren_json_lines_only() {

@@ -78,13 +78,43 @@ impl Selection {
     }
 }
 
-/// What a replay did (or, for a dry run, would do).
+/// One dead letter a replay republished (or, for a dry run, would have).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// The AMQP `message_id`, empty if the message had none.
+    pub message_id: String,
+    /// The dead-letter reason, `unknown` for a message without a record.
+    pub reason: String,
+}
+
+/// What a replay did (or, for a dry run, would do). Ids and reasons only: a
+/// replay of a whole queue must not hold every body in memory.
 #[derive(Debug, Clone, Default)]
 pub struct ReplayReport {
     /// The messages replayed, in order.
-    pub replayed: Vec<DeadLetter>,
+    pub replayed: Vec<Replayed>,
     /// Messages looked at and left in place.
     pub skipped: usize,
+}
+
+/// The pause between two replayed messages at `rate` per second; `None` for no
+/// pacing (a rate too high for any pause to be measured). Refuses a rate that
+/// is not a positive number, which would panic in the timer.
+fn replay_pace(rate: f64) -> Result<Option<Duration>, BrokerError> {
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(BrokerError::InvalidArgument(format!(
+            "replay rate must be a positive number of messages per second, got {rate}"
+        )));
+    }
+    // A pause of a day between messages is no replay; a longer one overflows
+    // the timer.
+    const SLOWEST: Duration = Duration::from_secs(86_400);
+    match Duration::try_from_secs_f64(1.0 / rate) {
+        Ok(pause) if pause <= SLOWEST => Ok(Some(pause).filter(|p| !p.is_zero())),
+        _ => Err(BrokerError::InvalidArgument(format!(
+            "replay rate {rate}/s is too slow: at least one message a day"
+        ))),
+    }
 }
 
 /// The dead-letter queue of one consumer queue.
@@ -172,10 +202,14 @@ impl DeadLetterQueue {
         rate: Option<f64>,
         dry_run: bool,
     ) -> Result<ReplayReport, BrokerError> {
+        let period = match rate {
+            Some(r) => replay_pace(r)?,
+            None => None,
+        };
         let publisher = Publisher::new(Arc::clone(&self.connection));
         let mut report = ReplayReport::default();
-        let mut pace = rate.map(|r| {
-            let mut i = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
+        let mut pace = period.map(|p| {
+            let mut i = tokio::time::interval(p);
             i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             i
         });
@@ -199,7 +233,10 @@ impl DeadLetterQueue {
                     // Only now, with the copy confirmed, does the dead letter go.
                     d.acker.ack(BasicAckOptions::default()).await?;
                 }
-                report.replayed.push(letter);
+                report.replayed.push(Replayed {
+                    reason: letter.reason().to_owned(),
+                    message_id: letter.message_id,
+                });
             }
             Ok(())
         }
@@ -312,4 +349,24 @@ fn replay_properties(properties: &BasicProperties) -> BasicProperties {
         .unwrap_or_default();
     kept.insert(HEADER_REPLAYED_AT.into(), dead_letter::time(Utc::now()));
     properties.clone().with_headers(FieldTable::from(kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (issue 10): a rate of 0, a negative rate or NaN panicked in
+    /// `Duration::from_secs_f64`; a huge one made a zero interval, which panics too.
+    #[test]
+    fn replay_rates_are_checked() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(
+                matches!(replay_pace(bad), Err(BrokerError::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(replay_pace(4.0).unwrap(), Some(Duration::from_millis(250)));
+        assert_eq!(replay_pace(1e300).unwrap(), None);
+        assert!(replay_pace(1e-300).is_err());
+    }
 }

@@ -31,6 +31,7 @@
 //! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
 //! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
 //! - `database_url`: which database a URL names, passwords redacted ([`DatabaseUrl`]).
+//! - `printable`: message-derived text made safe for a terminal ([`printable`]).
 //! - `idempotency`: stable keys for external calls ([`idempotency_key`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
@@ -55,6 +56,7 @@ mod handler;
 mod headers;
 mod idempotency;
 pub mod outbox;
+mod printable;
 mod registry;
 mod relay;
 mod retention;
@@ -73,14 +75,14 @@ pub use consumer::{
     Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_TIMEOUT,
 };
-pub use database_url::{DatabaseUrl, redact_url};
+pub use database_url::{DatabaseUrl, redact_url, split_url_list};
 pub use dead_letter::{
     DeadLetterInfo, HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR,
     HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,
     HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, header_int,
     header_str,
 };
-pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Selection};
+pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use envelope::{
     CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
     MAX_MESSAGE_ID_LEN, MAX_SHORT_STRING_LEN, Metadata, Outgoing,
@@ -90,12 +92,13 @@ pub use failure::{BoxError, DeadLetterReason, HandlerError};
 pub use handler::{Handler, Message};
 pub use headers::{HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_SIGNATURE, HEADER_UNVERIFIED};
 pub use idempotency::idempotency_key;
+pub use printable::{printable, printable_bytes};
 pub use registry::Registry;
 pub use relay::{
     DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
     Relay, RelayConfig, RelayStats, RelayStatsHandle,
 };
-pub use retention::{DEFAULT_REPLAY_MARGIN, PURGE_BATCH, check_window, purge_inbox};
+pub use retention::{DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox};
 pub use retry::{
     DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,
 };
@@ -105,8 +108,8 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    Dialect, InboxEntry, OutboxListener, OutboxStore, Store, StoreError, Tx, Wakeups,
-    is_connection_error, is_permanent_data_error,
+    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Tx,
+    Wakeups, is_connection_error, is_permanent_data_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
 pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};

@@ -108,6 +108,12 @@ impl RelayConfig {
                 "relay poll interval must be above zero".into(),
             ));
         }
+        if self.retention > crate::retention::MAX_RETENTION {
+            return Err(Error::Config(crate::retention::window_too_long(
+                "relay retention",
+                self.retention,
+            )));
+        }
         Ok(())
     }
 }
@@ -335,8 +341,12 @@ impl<S: OutboxStore> Relay<S> {
     /// Deletes published rows older than the retention, in batches of 1000 so no
     /// single statement holds locks for long. Returns how many were deleted.
     pub async fn delete_expired(&self) -> Result<u64, StoreError> {
-        let cutoff = Utc::now()
-            - chrono::Duration::from_std(self.config.retention).unwrap_or(chrono::Duration::MAX);
+        let cutoff = crate::retention::cutoff(self.config.retention).ok_or_else(|| {
+            StoreError::Config(crate::retention::window_too_long(
+                "relay retention",
+                self.config.retention,
+            ))
+        })?;
         let mut deleted = 0;
         loop {
             let n = self.store.delete_published_before(cutoff, 1000).await?;
@@ -357,7 +367,7 @@ impl<S: OutboxStore> Relay<S> {
 
     /// Updates the backlog gauges.
     async fn report_backlog(&self) {
-        if let Ok(status) = self.store.outbox_status().await {
+        if let Ok(status) = self.store.outbox_counts().await {
             let labels = [("consumer", self.config.name.clone())];
             metrics::gauge!("outbox_pending_messages", &labels).set(status.pending as f64);
             metrics::gauge!("outbox_oldest_unpublished_age_seconds", &labels)

@@ -25,7 +25,7 @@ pub fn check_window(
     policy: &RetryPolicy,
     margin: Duration,
 ) -> Result<(), String> {
-    let minimum = policy.horizon() + margin;
+    let minimum = policy.horizon().saturating_add(margin);
     if window < minimum {
         return Err(format!(
             "a retention of {} is shorter than the consumer's retry horizon ({}) plus the replay margin ({}): \
@@ -56,14 +56,38 @@ fn human(d: Duration) -> String {
     out
 }
 
+/// The longest retention window warren accepts (1000 years): longer ones do not
+/// fit in a date, and no deployment keeps rows that long.
+pub const MAX_RETENTION: Duration = Duration::from_secs(1000 * 365 * 86_400);
+
+/// The instant `window` before now, or `None` if the window is longer than
+/// [`MAX_RETENTION`] (subtracting it unchecked overflows the date and panics).
+pub(crate) fn cutoff(window: Duration) -> Option<chrono::DateTime<Utc>> {
+    if window > MAX_RETENTION {
+        return None;
+    }
+    Utc::now().checked_sub_signed(chrono::Duration::from_std(window).ok()?)
+}
+
+/// The error for a window over [`MAX_RETENTION`].
+pub(crate) fn window_too_long(what: &str, window: Duration) -> String {
+    format!(
+        "{what} of {} is longer than the most warren accepts ({})",
+        human(window),
+        human(MAX_RETENTION)
+    )
+}
+
 /// Deletes inbox rows of `consumer` older than `window`, in bounded batches.
-/// Returns how many were deleted. Check the window with [`check_window`] first.
+/// Returns how many were deleted. Check the window with [`check_window`] first;
+/// a window over [`MAX_RETENTION`] is an error.
 pub async fn purge_inbox<S: Store>(
     store: &S,
     consumer: &str,
     window: Duration,
 ) -> Result<u64, StoreError> {
-    let cutoff = Utc::now() - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
+    let cutoff = cutoff(window)
+        .ok_or_else(|| StoreError::Config(window_too_long("an inbox retention", window)))?;
     let mut deleted = 0;
     loop {
         let n = store.purge_inbox(consumer, cutoff, PURGE_BATCH).await?;
@@ -90,5 +114,19 @@ mod tests {
         );
         assert!(err.contains("42m35s") && err.contains("7d42m35s"), "{err}");
         assert!(check_window(day, &policy, Duration::ZERO).is_ok());
+    }
+
+    /// Regression (issue 10): `inbox purge --older-than 100000000d` and
+    /// `with_retention(Duration::MAX)` panicked subtracting the window from now.
+    #[test]
+    fn windows_past_any_date_are_refused_not_panicked_on() {
+        let day = Duration::from_secs(86_400);
+        assert!(cutoff(100_000_000 * day).is_none());
+        assert!(cutoff(Duration::MAX).is_none());
+        assert!(cutoff(MAX_RETENTION).is_some());
+        assert!(cutoff(7 * day).is_some_and(|t| t < Utc::now()));
+        let relay = crate::relay::RelayConfig::new("r").with_retention(Duration::MAX);
+        assert!(relay.validate().is_err());
+        assert!(relay.with_retention(7 * day).validate().is_ok());
     }
 }

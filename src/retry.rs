@@ -112,9 +112,18 @@ impl RetryPolicy {
     /// The longest a message can spend in retry tiers: the delays of every retry
     /// it may get. Inbox retention must be longer than this.
     pub fn horizon(&self) -> Duration {
-        (1..self.max_attempts)
-            .map(|failed| self.tier_for(failed, None))
-            .sum()
+        // Saturating, and without a loop per attempt: tiers and attempts come
+        // from operators' flags, and a plain sum overflows and panics.
+        let Some(last) = self.tiers.last() else {
+            return Duration::ZERO;
+        };
+        let retries = self.max_attempts.saturating_sub(1) as usize;
+        let listed = retries.min(self.tiers.len());
+        let beyond = u32::try_from(retries - listed).unwrap_or(u32::MAX);
+        self.tiers[..listed]
+            .iter()
+            .fold(Duration::ZERO, |sum, t| sum.saturating_add(*t))
+            .saturating_add(last.saturating_mul(beyond))
     }
 
     fn tier_for(&self, failed: u32, retry_after: Option<Duration>) -> Duration {
@@ -181,9 +190,13 @@ pub fn parse_delay(s: &str) -> Result<Duration, String> {
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{s:?} has no unit: use ms, s, m, h or d (e.g. 5s)"))?;
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} does not start with a whole number"))?;
+    let n: u64 = num.parse().map_err(|e: std::num::ParseIntError| {
+        if *e.kind() == std::num::IntErrorKind::PosOverflow {
+            format!("{s:?} is too long")
+        } else {
+            format!("{s:?} does not start with a whole number")
+        }
+    })?;
     let ms = match unit {
         "ms" => Some(n),
         "s" => n.checked_mul(1000),
@@ -293,5 +306,25 @@ mod tests {
                 .is_err()
         );
         assert!(RetryPolicy::default().validate().is_ok());
+    }
+
+    /// Regression (issue 10): operators' flags could overflow the horizon's sum
+    /// (a panic), and a number too big for any unit was called "not a number".
+    #[test]
+    fn huge_delays_do_not_panic() {
+        let huge = parse_delay("9223372036854775807ms").unwrap();
+        let p = RetryPolicy::new([huge]).with_max_attempts(u32::MAX);
+        assert_eq!(p.horizon(), Duration::MAX);
+        assert!(crate::check_window(Duration::MAX, &p, Duration::MAX).is_ok());
+        assert!(
+            parse_delay("99999999999999999999999d")
+                .unwrap_err()
+                .contains("too long")
+        );
+        assert!(
+            parse_delay("300000000000000000d")
+                .unwrap_err()
+                .contains("too long")
+        );
     }
 }

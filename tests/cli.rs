@@ -345,6 +345,27 @@ async fn outbox_status_and_retry_failed<B: Backend>() {
         "{out}"
     );
 
+    // Counted in SQL for the relay's gauges; listed only up to --limit.
+    use warren::OutboxStore;
+    let counts = db.store.outbox_counts().await.unwrap();
+    assert_eq!((counts.pending, counts.failed), (0, 1));
+    let bounded = warren(&[
+        "outbox",
+        "--database-url",
+        &db.url,
+        "status",
+        "--limit",
+        "0",
+    ])
+    .await;
+    let (out, _) = text(&bounded);
+    assert!(
+        out.contains("failed:    1")
+            && out.contains("1 more (--limit)")
+            && !out.contains(&event.meta().message_id),
+        "{out}"
+    );
+
     let retried = warren(&["outbox", "--database-url", &db.url, "retry-failed"]).await;
     assert!(
         text(&retried).0.contains("requeued 1 failed row(s)"),
@@ -360,4 +381,143 @@ async fn outbox_status_and_retry_failed<B: Backend>() {
 
     broker.cleanup().await;
     db.drop_db().await;
+}
+
+/// Regression (issue 10): `warren outbox` printed a `?password=` parameter and a
+/// password holding `/` whole, a bad scheme was echoed by the argument parser, and
+/// a malformed broker URL appeared in full in a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_form_of_credential_is_printed() {
+    for (database, bad_argument) in [
+        (
+            "postgres://u:SECRET/x@127.0.0.1/nodb?password=SECRET2",
+            false,
+        ),
+        ("postgres://u@127.0.0.1/nodb?password=SECRET", false),
+        (
+            "postgres://u:SE%2FCRET@127.0.0.1/db?sslpassword=SECRET",
+            false,
+        ),
+        ("pg://u:SECRET@127.0.0.1/db", true),
+    ] {
+        let out = warren(&["outbox", "--database-url", database, "status"]).await;
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(if bad_argument { 2 } else { 1 }),
+            "{stderr}"
+        );
+        assert!(
+            !stdout.contains("SECRET") && !stderr.contains("SECRET"),
+            "{database}:\n{stdout}\n{stderr}"
+        );
+    }
+    let out = warren_cmd()
+        .env("AMQP_URL", "amqp://u:SECRET/x@127.0.0.1:1/%2f")
+        .args(["dlq", "list", "q"])
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        !stdout.contains("SECRET") && !stderr.contains("SECRET"),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Regression (issue 10): `dlq list`, `show` and `replay` printed message ids,
+/// types, reasons, errors, headers and payloads raw, so a producer could send
+/// ESC sequences to the operator's terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_output_escapes_control_characters() {
+    use warren::lapin::BasicProperties;
+    use warren::lapin::types::{AMQPValue, FieldTable, LongString};
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let evil = "\u{1b}]0;pwned\u{7}\u{1b}[2J\r\u{9b}31m\u{202e}";
+    let id = format!("id-{evil}");
+    let text_value = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        warren::HEADER_REASON.into(),
+        text_value(&format!("r{evil}")),
+    );
+    headers.insert(warren::HEADER_ERROR.into(), text_value(&format!("e{evil}")));
+    headers.insert(
+        format!("x-h{}", &evil[..5]).as_str().into(),
+        text_value(evil),
+    );
+    let properties = BasicProperties::default()
+        .with_message_id(id.as_str().into())
+        .with_type(format!("t{evil}").as_str().into())
+        .with_headers(headers);
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &broker.dead_letter_queue(),
+            format!("{{\"p\":\"{evil}\"}}").as_bytes(),
+            properties,
+        )
+        .await
+        .unwrap();
+    let q = broker.queue.as_str();
+    for args in [
+        vec!["dlq", "list", q, "--show-payload"],
+        vec!["dlq", "show", q, &id, "--show-payload"],
+        vec!["dlq", "replay", q, "--all", "--dry-run"],
+    ] {
+        let out = warren(&args).await;
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(stdout.contains(r"id-\u{1b}]0;pwned"), "{args:?}: {stdout}");
+        for c in ['\u{1b}', '\u{7}', '\r', '\u{9b}', '\u{202e}'] {
+            assert!(
+                !stdout.contains(c) && !stderr.contains(c),
+                "{args:?} printed {c:?} raw:\n{stdout}"
+            );
+        }
+    }
+    broker.cleanup().await;
+}
+
+/// Regression (issue 10): `inbox purge --older-than 100000000d` panicked on date
+/// overflow; a huge number of days overflowed a sum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_windows_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    warren::SqliteStore::connect(&url).await.unwrap();
+    for (older_than, code) in [
+        ("100000000d", 1),
+        ("18446744073709551615ms", 1),
+        ("99999999999999999999999d", 2),
+    ] {
+        let out = warren(&[
+            "inbox",
+            "--database-url",
+            &url,
+            "purge",
+            "--consumer",
+            "c",
+            "--older-than",
+            older_than,
+            "--replay-margin",
+            "18446744073709551615ms",
+            "--force",
+        ])
+        .await;
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{older_than}: {stdout}{stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked")
+                && (stderr.contains("too long") || stderr.contains("longer than")),
+            "{older_than}: {stderr}"
+        );
+    }
 }

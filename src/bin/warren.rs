@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use warren::lapin;
 use warren::{
     ConsumerConfig, DEFAULT_POISON_LIMIT, DatabaseUrl, DeadLetter, DeadLetterQueue, OutboxStore,
-    PgStore, QueueType, RetryPolicy, Selection, SqliteStore, Topology,
+    PgStore, QueueType, RetryPolicy, Selection, SqliteStore, Topology, printable,
 };
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -63,7 +63,7 @@ enum Command {
     /// The inbox in a database: retention.
     Inbox {
         /// postgres://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = parse_database_url)]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
         database_url: DatabaseUrl,
         #[command(subcommand)]
         command: InboxCommand,
@@ -71,7 +71,7 @@ enum Command {
     /// The transactional outbox in a database.
     Outbox {
         /// postgres://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = parse_database_url)]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
         database_url: DatabaseUrl,
         #[command(subcommand)]
         command: OutboxCommand,
@@ -108,7 +108,11 @@ enum InboxCommand {
 #[derive(Subcommand)]
 enum OutboxCommand {
     /// Pending rows, the oldest pending row's age, published rows, failed rows.
-    Status,
+    Status {
+        /// List at most this many failed rows (all are counted).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
     /// Put failed rows back in line for the relay (all, or those given with --id).
     RetryFailed {
         /// Outbox row id (repeat for several); all failed rows when absent.
@@ -117,8 +121,32 @@ enum OutboxCommand {
     },
 }
 
-fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
-    s.parse()
+/// Parses `--database-url` without echoing it: clap's usual error quotes the
+/// value, and the value holds a password.
+#[derive(Clone)]
+struct DatabaseUrlParser;
+
+impl clap::builder::TypedValueParser for DatabaseUrlParser {
+    type Value = DatabaseUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<DatabaseUrl, clap::Error> {
+        let invalid = |why: String| {
+            cmd.clone().error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid --database-url: {why}"),
+            )
+        };
+        value
+            .to_str()
+            .ok_or_else(|| invalid("not UTF-8".into()))?
+            .parse()
+            .map_err(invalid)
+    }
 }
 
 #[derive(Subcommand)]
@@ -277,13 +305,11 @@ fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// Message-derived text, escaped by [`warren::printable`], cut to `max` characters.
 fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let flat = printable(s);
     if flat.chars().count() <= max {
-        flat
+        flat.into_owned()
     } else {
         flat.chars()
             .take(max.saturating_sub(1))
@@ -293,7 +319,16 @@ fn one_line(s: &str, max: usize) -> String {
 }
 
 fn print_payload(letter: &DeadLetter) {
-    println!("  payload: {}", String::from_utf8_lossy(&letter.body));
+    println!("  payload: {}", warren::printable_bytes(&letter.body));
+}
+
+/// A message id for display: escaped, `(none)` if empty.
+fn id(message_id: &str) -> std::borrow::Cow<'_, str> {
+    if message_id.is_empty() {
+        "(none)".into()
+    } else {
+        printable(message_id)
+    }
 }
 
 fn print_list(letters: &[DeadLetter], show_payload: bool) {
@@ -313,13 +348,9 @@ fn print_list(letters: &[DeadLetter], show_payload: bool) {
         };
         println!(
             "{:<38} {:<32} {:<24} {:>8} {:<19} {:<19} {}",
-            if l.message_id.is_empty() {
-                "(none)"
-            } else {
-                &l.message_id
-            },
+            id(&l.message_id),
             one_line(&l.event_type, 32),
-            l.reason(),
+            one_line(l.reason(), 24),
             attempts,
             first,
             last,
@@ -333,25 +364,30 @@ fn print_list(letters: &[DeadLetter], show_payload: bool) {
 }
 
 fn print_one(l: &DeadLetter, show_payload: bool) {
-    println!("message id: {}", l.message_id);
-    println!("type:       {}", l.event_type);
-    println!("reason:     {}", l.reason());
+    println!("message id: {}", id(&l.message_id));
+    println!("type:       {}", printable(&l.event_type));
+    println!("reason:     {}", printable(l.reason()));
     if let Some(i) = &l.info {
         println!("attempts:   {}", i.attempts);
-        println!("consumer:   {}", i.consumer);
-        println!("queue:      {}", i.queue);
+        println!("consumer:   {}", printable(&i.consumer));
+        println!("queue:      {}", printable(&i.queue));
         println!(
-            "published:  exchange {:?}, routing key {:?}",
-            i.original_exchange, i.original_routing_key
+            "published:  exchange {}, routing key {}",
+            printable(&format!("{:?}", i.original_exchange)),
+            printable(&format!("{:?}", i.original_routing_key))
         );
         println!("first fail: {}", time(i.first_failure));
         println!("last fail:  {}", time(i.last_failure));
-        println!("error:      {}", i.error);
+        println!("error:      {}", printable(&i.error));
     }
     if let Some(headers) = l.properties.headers() {
         println!("headers:");
         for (k, v) in headers.inner() {
-            println!("  {k}: {v:?}");
+            println!(
+                "  {}: {}",
+                printable(k.as_str()),
+                printable(&format!("{v:?}"))
+            );
         }
     }
     if show_payload {
@@ -440,6 +476,13 @@ async fn run_inbox<S: OutboxStore>(store: &S, cmd: InboxCommand) -> Result<(), S
         policy = policy.with_max_attempts(n);
     }
     policy.validate()?;
+    if older_than > warren::MAX_RETENTION {
+        return Err(format!(
+            "--older-than {} is longer than the most warren accepts ({}d)",
+            warren::format_delay(older_than),
+            warren::MAX_RETENTION.as_secs() / 86_400
+        ));
+    }
     if let Err(why) = warren::check_window(older_than, &policy, replay_margin) {
         if !force {
             return Err(why);
@@ -465,8 +508,9 @@ async fn run_outbox_on<S: OutboxStore>(
     cmd: OutboxCommand,
 ) -> Result<(), warren::StoreError> {
     match cmd {
-        OutboxCommand::Status => {
-            let status = store.outbox_status().await?;
+        OutboxCommand::Status { limit } => {
+            let status = store.outbox_counts().await?;
+            let failed = store.failed_outbox_rows(limit).await?;
             println!("pending:   {}", status.pending);
             println!(
                 "oldest:    {}",
@@ -480,16 +524,22 @@ async fn run_outbox_on<S: OutboxStore>(
                 }
             );
             println!("published: {} (kept until retention)", status.published);
-            println!("failed:    {}", status.failed.len());
-            for f in &status.failed {
+            println!("failed:    {}", status.failed);
+            for f in &failed {
                 println!(
-                    "  row {} message {} to {:?} with {:?} after {} attempt(s): {}",
+                    "  row {} message {} to {} with {} after {} attempt(s): {}",
                     f.id,
-                    f.message_id,
-                    f.exchange,
-                    f.routing_key,
+                    id(&f.message_id),
+                    printable(&format!("{:?}", f.exchange)),
+                    printable(&format!("{:?}", f.routing_key)),
                     f.attempts,
                     one_line(&f.last_error, 200)
+                );
+            }
+            if (failed.len() as i64) < status.failed {
+                println!(
+                    "  ... {} more (--limit)",
+                    status.failed - failed.len() as i64
                 );
             }
         }
@@ -550,7 +600,7 @@ async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result
                 .map_err(err)?;
             let verb = if dry_run { "would replay" } else { "replayed" };
             for l in &report.replayed {
-                println!("{verb} {} ({})", l.message_id, l.reason());
+                println!("{verb} {} ({})", id(&l.message_id), printable(&l.reason));
             }
             println!(
                 "{verb} {} message(s) to {queue}; {} left in place",
@@ -569,7 +619,7 @@ async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result
             } else {
                 let removed = q.purge_ids(&which.ids).await.map_err(err)?;
                 for l in &removed {
-                    println!("purged {}", l.message_id);
+                    println!("purged {}", id(&l.message_id));
                 }
                 println!("purged {} message(s) from {}", removed.len(), q.name());
             }

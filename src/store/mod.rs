@@ -261,10 +261,35 @@ pub trait OutboxStore: Store {
         async { Ok(None) }
     }
 
-    /// Pending and failed counts and the oldest pending row's age.
+    /// Pending, published and failed counts and the oldest pending row, from one
+    /// counting query: what the relay's gauges read every few seconds.
+    fn outbox_counts(&self) -> impl Future<Output = Result<OutboxCounts, StoreError>> + Send + '_;
+
+    /// Up to `limit` failed rows, oldest first.
+    fn failed_outbox_rows(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<crate::outbox::FailedRow>, StoreError>> + Send + '_;
+
+    /// The counts and every failed row. Loads all failed rows: use
+    /// [`outbox_counts`](Self::outbox_counts) to monitor, and
+    /// [`failed_outbox_rows`](Self::failed_outbox_rows) to list a bounded number.
     fn outbox_status(
         &self,
-    ) -> impl Future<Output = Result<crate::outbox::OutboxStatus, StoreError>> + Send + '_;
+    ) -> impl Future<Output = Result<crate::outbox::OutboxStatus, StoreError>> + Send + '_ {
+        async {
+            let counts = self.outbox_counts().await?;
+            let failed = self
+                .failed_outbox_rows(u32::try_from(counts.failed).unwrap_or(u32::MAX))
+                .await?;
+            Ok(crate::outbox::OutboxStatus {
+                pending: counts.pending,
+                oldest_pending: counts.oldest_pending,
+                published: counts.published,
+                failed,
+            })
+        }
+    }
 
     /// Puts failed rows (all, or those with the given ids) back in the queue.
     fn retry_failed<'a>(
@@ -446,6 +471,28 @@ impl Migrations {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// The outbox's rows by state, counted in the database.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxCounts {
+    /// Rows waiting to be published.
+    pub pending: i64,
+    /// When the oldest waiting row was written.
+    pub oldest_pending: Option<DateTime<Utc>>,
+    /// Rows published and not yet deleted by housekeeping.
+    pub published: i64,
+    /// Rows the relay gave up on.
+    pub failed: i64,
+}
+
+impl OutboxCounts {
+    /// Age of the oldest pending row, in seconds (0 when nothing is pending).
+    pub fn oldest_pending_age_seconds(&self, now: DateTime<Utc>) -> f64 {
+        self.oldest_pending
+            .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0)
+            .unwrap_or(0.0)
     }
 }
 

@@ -9,11 +9,11 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres};
 
-use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
+use crate::outbox::{FailedRow, NewOutboxRow, OutboxRow, RowOutcome};
 
 use super::{
-    Dialect, InboxEntry, Migration, Migrations, OutboxListener, OutboxStore, RawOutboxRow, Store,
-    StoreError, Tx, Wakeups, failed_rows, outbox_rows,
+    Dialect, InboxEntry, Migration, Migrations, OutboxCounts, OutboxListener, OutboxStore,
+    RawOutboxRow, Store, StoreError, Tx, Wakeups, failed_rows, outbox_rows,
 };
 
 const MIGRATIONS: Migrations = Migrations {
@@ -95,6 +95,49 @@ const MIGRATIONS: Migrations = Migrations {
 
 /// A [`Store`] on PostgreSQL.
 ///
+/// The query parameters sqlx 0.9 reads from a PostgreSQL URL.
+const KNOWN_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+fn without_unknown_params(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return url.to_owned();
+    };
+    let (known, unknown): (Vec<_>, Vec<_>) = parsed
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .partition(|(k, _)| KNOWN_PARAMS.contains(&k.as_str()));
+    if unknown.is_empty() {
+        return url.to_owned();
+    }
+    let names: Vec<&str> = unknown.iter().map(|(k, _)| k.as_str()).collect();
+    tracing::warn!(parameters = ?names, "ignoring unrecognized PostgreSQL URL parameters");
+    if known.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(known);
+    }
+    parsed.into()
+}
+
 /// Tables live in the connection's current schema (the first entry of
 /// `search_path`), so one database can host several isolated warren deployments.
 #[derive(Clone, Debug)]
@@ -107,10 +150,15 @@ impl PgStore {
     /// Connects with a pool of `max_connections` (size it to the consumer's
     /// concurrency plus a few for the relay and operators).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url).map_err(|e| {
-            StoreError::Config(format!("database URL is not a PostgreSQL URL: {e}"))
-        })?;
-        Self::connect_with(options, max_connections).await
+        Self::connect_with(Self::options(url)?, max_connections).await
+    }
+
+    /// The connect options a PostgreSQL URL names. Query parameters the driver
+    /// does not know are dropped first (it would ignore them anyway): the driver
+    /// logs each one it ignores with its value, and `sslpassword=...` is one.
+    pub fn options(url: &str) -> Result<PgConnectOptions, StoreError> {
+        PgConnectOptions::from_str(&without_unknown_params(url))
+            .map_err(|e| StoreError::Config(format!("database URL is not a PostgreSQL URL: {e}")))
     }
 
     /// Connects with explicit options.
@@ -375,28 +423,35 @@ impl OutboxStore for PgStore {
         Ok(taken)
     }
 
-    async fn outbox_status(&self) -> Result<OutboxStatus, StoreError> {
-        let (pending, oldest, published): (i64, Option<DateTime<Utc>>, i64) = sqlx::query_as(
-            "SELECT
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        let (pending, oldest, published, failed): (i64, Option<DateTime<Utc>>, i64, i64) =
+            sqlx::query_as(
+                "SELECT
                 count(*) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
                 min(created_at) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
-                count(*) FILTER (WHERE published_at IS NOT NULL)
+                count(*) FILTER (WHERE published_at IS NOT NULL),
+                count(*) FILTER (WHERE failed_at IS NOT NULL)
              FROM warren_outbox",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
-            "SELECT id, message_id, exchange, routing_key, last_error, attempts
-             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(OutboxStatus {
+            )
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(OutboxCounts {
             pending,
             oldest_pending: oldest,
             published,
-            failed: failed_rows(failed),
+            failed,
         })
+    }
+
+    async fn failed_outbox_rows(&self, limit: u32) -> Result<Vec<FailedRow>, StoreError> {
+        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, last_error, attempts
+             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(failed_rows(failed))
     }
 
     async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {

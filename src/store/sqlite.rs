@@ -12,11 +12,11 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Sqlite};
 
-use crate::outbox::{NewOutboxRow, OutboxRow, OutboxStatus, RowOutcome};
+use crate::outbox::{FailedRow, NewOutboxRow, OutboxRow, RowOutcome};
 
 use super::{
-    Dialect, InboxEntry, Migration, Migrations, OutboxStore, RawOutboxRow, Store, StoreError, Tx,
-    Wakeups, failed_rows, outbox_rows,
+    Dialect, InboxEntry, Migration, Migrations, OutboxCounts, OutboxStore, RawOutboxRow, Store,
+    StoreError, Tx, Wakeups, failed_rows, outbox_rows,
 };
 
 const MIGRATIONS: Migrations = Migrations {
@@ -127,8 +127,12 @@ impl SqliteStore {
     /// plain path.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = if url.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(url)
-                .map_err(|e| StoreError::Config(format!("invalid SQLite URL {url:?}: {e}")))?
+            SqliteConnectOptions::from_str(url).map_err(|e| {
+                StoreError::Config(format!(
+                    "invalid SQLite URL {}: {e}",
+                    crate::redact_url(url)
+                ))
+            })?
         } else {
             SqliteConnectOptions::new().filename(url)
         };
@@ -412,28 +416,34 @@ impl OutboxStore for SqliteStore {
         Ok(taken)
     }
 
-    async fn outbox_status(&self) -> Result<OutboxStatus, StoreError> {
-        let (pending, oldest, published): (i64, Option<String>, i64) = sqlx::query_as(
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        let (pending, oldest, published, failed): (i64, Option<String>, i64, i64) = sqlx::query_as(
             "SELECT
                 coalesce(sum(published_at IS NULL AND failed_at IS NULL), 0),
                 min(CASE WHEN published_at IS NULL AND failed_at IS NULL THEN created_at END),
-                coalesce(sum(published_at IS NOT NULL), 0)
+                coalesce(sum(published_at IS NOT NULL), 0),
+                coalesce(sum(failed_at IS NOT NULL), 0)
              FROM warren_outbox",
         )
         .fetch_one(&self.pool)
         .await?;
-        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
-            "SELECT id, message_id, exchange, routing_key, last_error, attempts
-             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(OutboxStatus {
+        Ok(OutboxCounts {
             pending,
             oldest_pending: oldest.as_deref().and_then(parse_sqlite_time),
             published,
-            failed: failed_rows(failed),
+            failed,
         })
+    }
+
+    async fn failed_outbox_rows(&self, limit: u32) -> Result<Vec<FailedRow>, StoreError> {
+        let failed: Vec<(i64, String, String, String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, message_id, exchange, routing_key, last_error, attempts
+             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(failed_rows(failed))
     }
 
     async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {

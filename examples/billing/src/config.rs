@@ -93,7 +93,7 @@ impl Config {
     /// Checks every value; the error names the key and what is allowed.
     pub fn resolve(raw: Raw) -> Result<Config, String> {
         let amqp_url = raw.amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.into());
-        for u in amqp_url.split(',').map(str::trim) {
+        for u in warren::split_url_list(&amqp_url) {
             if !(u.starts_with("amqp://") || u.starts_with("amqps://")) {
                 return Err(format!(
                     "amqp_url: {} is not a broker URL; use amqp://user:password@host:port/vhost (several separated by commas)",

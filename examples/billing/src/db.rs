@@ -4,11 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{Pool, Postgres, Sqlite};
 use warren::{DatabaseUrl, OutboxStore, PgStore, SqliteStore, Store, StoreError, Tx};
 
@@ -99,7 +97,7 @@ impl Database {
     ) -> Result<Self, StoreError> {
         match url {
             DatabaseUrl::Postgres(u) => {
-                let mut options = PgConnectOptions::from_str(u)
+                let mut options = PgStore::options(u)
                     .map_err(|e| StoreError::Config(format!("{}: {e}", url.redacted())))?;
                 if let Some(schema) = schema {
                     options = options.options([("search_path", schema)]);

@@ -549,7 +549,8 @@ fn tempdir() -> Result<std::path::PathBuf, String> {
 }
 
 async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
-    let pool = sqlx::PgPool::connect(url.as_str())
+    let options = warren::PgStore::options(url.as_str()).map_err(|e| e.to_string())?;
+    let pool = sqlx::PgPool::connect_with(options)
         .await
         .map_err(|e| format!("cannot open {}: {e}", url.redacted()))?;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
@@ -569,7 +570,8 @@ async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Opti
         let _ = connection.close(200, "done".into()).await;
     }
     if let (Some(schema), Some(url)) = (schema, &cli.database_url)
-        && let Ok(pool) = sqlx::PgPool::connect(url.as_str()).await
+        && let Ok(options) = warren::PgStore::options(url.as_str())
+        && let Ok(pool) = sqlx::PgPool::connect_with(options).await
     {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
             .execute(&pool)

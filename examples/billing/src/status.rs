@@ -52,7 +52,10 @@ pub async fn gather<B: BillingDb>(
         .await
         .map_err(|e| e.to_string())?
     {
-        *dead_letters.entry(letter.reason().to_owned()).or_default() += 1;
+        // Reasons come from headers a producer could set: escaped before printing.
+        *dead_letters
+            .entry(warren::printable(letter.reason()).into_owned())
+            .or_default() += 1;
     }
     Ok(Report {
         counts,

@@ -159,6 +159,45 @@ async fn bad_flag_values_stop_with_a_message() {
     assert!(err.contains("--duplicates"), "{err}");
 }
 
+/// Regression (issue 10): a password holding `/`, a `?password=` parameter, a bad
+/// scheme and a malformed broker URL were printed whole by `billing status`.
+#[tokio::test]
+async fn no_form_of_credential_is_printed() {
+    let cases: [(&str, &str); 5] = [
+        ("postgres://u@127.0.0.1/nodb?password=SECRET", AMQP_URL),
+        (
+            "postgres://u:SECRET/x@127.0.0.1/nodb?password=SECRET2",
+            AMQP_URL,
+        ),
+        ("postgres://u@127.0.0.1/nodb?sslpassword=SECRET", AMQP_URL),
+        ("pg://u:SECRET@127.0.0.1/db", AMQP_URL),
+        // The database is fine (a fresh SQLite file); the broker URL is not.
+        ("", "amqp://u:SECRET/x@127.0.0.1:1/%2f"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("b.db").display());
+    std::fs::write(dir.path().join("b.db"), b"").unwrap();
+    for (database, amqp) in cases {
+        let database = if database.is_empty() {
+            &sqlite
+        } else {
+            database
+        };
+        let (ok, out, err) =
+            output(
+                billing()
+                    .env("AMQP_URL", amqp)
+                    .args(["status", "--database-url", database]),
+            )
+            .await;
+        assert!(!ok, "{database} {amqp}: {out}{err}");
+        assert!(
+            !out.contains("SECRET") && !err.contains("SECRET"),
+            "{database} {amqp}:\n{out}\n{err}"
+        );
+    }
+}
+
 async fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
