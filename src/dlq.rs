@@ -150,7 +150,8 @@ impl DeadLetterQueue {
             .await?
             .ready;
         Ok(Walk {
-            channel: self.connection.create_channel().await?,
+            channel: crate::broker::deadline("opening a channel", self.connection.create_channel())
+                .await?,
             queue: self.dead_letter.clone(),
             remaining: std::sync::atomic::AtomicU32::new(present),
         })
@@ -231,7 +232,8 @@ impl DeadLetterQueue {
                         .publish_raw("", &self.queue, &d.data, replay_properties(&d.properties))
                         .await?;
                     // Only now, with the copy confirmed, does the dead letter go.
-                    d.acker.ack(BasicAckOptions::default()).await?;
+                    crate::broker::deadline("basic.ack", d.acker.ack(BasicAckOptions::default()))
+                        .await?;
                 }
                 report.replayed.push(Replayed {
                     reason: letter.reason().to_owned(),
@@ -247,15 +249,18 @@ impl DeadLetterQueue {
 
     /// Removes every dead letter; returns how many there were.
     pub async fn purge_all(&self) -> Result<u32, BrokerError> {
-        let channel = self.connection.create_channel().await?;
-        let n = channel
-            .queue_purge(
-                self.dead_letter.as_str().into(),
+        let channel =
+            crate::broker::deadline("opening a channel", self.connection.create_channel()).await?;
+        let n = crate::broker::deadline(
+            "queue.purge",
+            channel.queue_purge(
+                crate::broker::short("queue name", &self.dead_letter)?,
                 QueuePurgeOptions::default(),
-            )
-            .await;
+            ),
+        )
+        .await;
         close(&channel).await;
-        Ok(n?)
+        n
     }
 
     /// Removes the dead letters with the given message ids; returns those removed.
@@ -266,7 +271,8 @@ impl DeadLetterQueue {
             while let Some(d) = walk.next().await? {
                 let letter = DeadLetter::from_delivery(&d);
                 if ids.contains(&letter.message_id) {
-                    d.acker.ack(BasicAckOptions::default()).await?;
+                    crate::broker::deadline("basic.ack", d.acker.ack(BasicAckOptions::default()))
+                        .await?;
                     removed.push(letter);
                 }
             }
@@ -295,11 +301,13 @@ impl Walk {
         {
             return Ok(None);
         }
-        Ok(self
-            .channel
-            .basic_get(self.queue.as_str().into(), BasicGetOptions::default())
-            .await?
-            .map(|got| got.delivery))
+        Ok(crate::broker::deadline(
+            "basic.get",
+            self.channel
+                .basic_get(self.queue.as_str().into(), BasicGetOptions::default()),
+        )
+        .await?
+        .map(|got| got.delivery))
     }
 
     async fn close(self) {
@@ -308,9 +316,7 @@ impl Walk {
 }
 
 async fn close(channel: &Channel) {
-    if channel.status().connected() {
-        let _ = channel.close(200, "done".into()).await;
-    }
+    crate::broker::close_channel(channel, "done").await;
 }
 
 /// The headers of a failure record; a replayed copy starts without them.
@@ -335,25 +341,56 @@ const FAILURE_HEADERS: &[&str] = &[
     "x-acquired-count",
 ];
 
+/// The replayed copy: the dead letter's properties without its failure record
+/// and warren's signature (which no longer covers what is left), and without a
+/// `user_id`, which the broker would refuse from the replaying connection; the
+/// id stays in `x-warren-original-user-id`.
 fn replay_properties(properties: &BasicProperties) -> BasicProperties {
+    let properties = crate::headers::copy_base(properties, true);
     let mut kept: std::collections::BTreeMap<_, _> = properties
         .headers()
         .as_ref()
         .map(|h| {
             h.inner()
                 .iter()
-                .filter(|(k, _)| !FAILURE_HEADERS.contains(&k.as_str()))
+                .filter(|(k, _)| {
+                    !FAILURE_HEADERS.contains(&k.as_str())
+                        && k.as_str() != crate::headers::HEADER_SIGNATURE
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         })
         .unwrap_or_default();
     kept.insert(HEADER_REPLAYED_AT.into(), dead_letter::time(Utc::now()));
-    properties.clone().with_headers(FieldTable::from(kept))
+    properties.with_headers(FieldTable::from(kept))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 10): a replayed copy kept the producer's `user_id`, and
+    /// the broker refused it from the replaying connection (406).
+    #[test]
+    fn replayed_copies_carry_no_user_id_nor_the_failure_record() {
+        let mut headers = FieldTable::default();
+        headers.insert(HEADER_REASON.into(), dead_letter::text("poison"));
+        headers.insert("tenant".into(), dead_letter::text("acme"));
+        let dead = BasicProperties::default()
+            .with_message_id("m1".into())
+            .with_user_id("A".into())
+            .with_headers(headers);
+        let copy = replay_properties(&dead);
+        assert_eq!(*copy.user_id(), None);
+        let h = copy.headers().as_ref().unwrap();
+        assert!(!h.contains_key(HEADER_REASON));
+        assert!(h.contains_key(HEADER_REPLAYED_AT));
+        assert_eq!(crate::header_str(h, "tenant").unwrap(), "acme");
+        assert_eq!(
+            crate::header_str(h, crate::HEADER_ORIGINAL_USER_ID).unwrap(),
+            "A"
+        );
+    }
 
     /// Regression (issue 10): a rate of 0, a negative rate or NaN panicked in
     /// `Duration::from_secs_f64`; a huge one made a zero interval, which panics too.

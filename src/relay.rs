@@ -367,11 +367,18 @@ impl<S: OutboxStore> Relay<S> {
 
     /// Updates the backlog gauges.
     async fn report_backlog(&self) {
-        if let Ok(status) = self.store.outbox_counts().await {
-            let labels = [("consumer", self.config.name.clone())];
-            metrics::gauge!("outbox_pending_messages", &labels).set(status.pending as f64);
-            metrics::gauge!("outbox_oldest_unpublished_age_seconds", &labels)
-                .set(status.oldest_pending_age_seconds(Utc::now()));
+        let labels = [("consumer", self.config.name.clone())];
+        match self.store.outbox_counts().await {
+            Ok(status) => {
+                metrics::gauge!("outbox_pending_messages", &labels).set(status.pending as f64);
+                metrics::gauge!("outbox_oldest_unpublished_age_seconds", &labels)
+                    .set(status.oldest_pending_age_seconds(Utc::now()));
+            }
+            // Stale gauges would say all is well; say why they are stale instead.
+            Err(e) => {
+                tracing::warn!(relay = %self.config.name, error = %e, "cannot read the outbox backlog");
+                metrics::counter!("outbox_backlog_errors_total", &labels).increment(1);
+            }
         }
     }
 }
