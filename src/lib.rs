@@ -95,8 +95,8 @@ pub use idempotency::idempotency_key;
 pub use printable::{printable, printable_bytes};
 pub use registry::Registry;
 pub use relay::{
-    DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION,
-    Relay, RelayConfig, RelayStats, RelayStatsHandle,
+    DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,
+    DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, Relay, RelayConfig, RelayStats, RelayStatsHandle,
 };
 pub use retention::{DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox};
 pub use retry::{

@@ -32,9 +32,9 @@ pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(600);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How often the backlog gauges are refreshed.
 const BACKLOG_REPORT_INTERVAL: Duration = Duration::from_secs(5);
-/// How long one batch may take to publish, row-by-row fallback included. The
-/// batch's rows stay locked (and a pooled connection held) meanwhile.
-const BATCH_DEADLINE: Duration = Duration::from_secs(60);
+/// Default time one batch may take to publish, row-by-row fallback included.
+/// The batch's rows stay locked (and a pooled connection held) meanwhile.
+pub const DEFAULT_BATCH_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a stopping relay keeps publishing what is already committed.
 const FINAL_PASS: Duration = Duration::from_secs(5);
 
@@ -51,6 +51,9 @@ pub struct RelayConfig {
     pub retention: Duration,
     /// How often published rows past retention are deleted.
     pub housekeeping_interval: Duration,
+    /// How long one batch may take to publish, row-by-row fallback included;
+    /// rows still unconfirmed then stay pending, and their locks are released.
+    pub batch_deadline: Duration,
     /// How `amqps://` connections verify the broker and authenticate.
     pub tls: TlsOptions,
 }
@@ -64,8 +67,15 @@ impl RelayConfig {
             poll_interval: DEFAULT_POLL_INTERVAL,
             retention: DEFAULT_RETENTION,
             housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
+            batch_deadline: DEFAULT_BATCH_DEADLINE,
             tls: TlsOptions::default(),
         }
+    }
+
+    /// Sets the batch deadline.
+    pub fn with_batch_deadline(mut self, d: Duration) -> Self {
+        self.batch_deadline = d;
+        self
     }
 
     /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
@@ -107,6 +117,12 @@ impl RelayConfig {
             return Err(Error::Config(
                 "relay poll interval must be above zero".into(),
             ));
+        }
+        if self.batch_deadline.is_zero() || self.batch_deadline > Duration::from_secs(3600) {
+            return Err(Error::Config(format!(
+                "relay batch deadline must be above zero and at most an hour, got {:?}",
+                self.batch_deadline
+            )));
         }
         if self.retention > crate::retention::MAX_RETENTION {
             return Err(Error::Config(crate::retention::window_too_long(
@@ -205,7 +221,7 @@ impl<S: OutboxStore> Relay<S> {
         let taken = self
             .store
             .relay_batch(self.config.batch_size, move |rows| async move {
-                let outcomes = publish_rows(publisher, rows).await;
+                let outcomes = publish_rows(publisher, rows, self.config.batch_deadline).await;
                 for (_, outcome) in &outcomes {
                     match outcome {
                         RowOutcome::Published => tally_ref.published += 1,
@@ -410,16 +426,20 @@ async fn wait_for_notification(listener: &mut Option<crate::store::OutboxListene
 /// Publishes `rows` as one pipelined batch and maps each confirm to an outcome.
 /// The whole batch, fallback included, has one deadline: rows still unconfirmed
 /// when it passes stay pending, and the row locks are released.
-async fn publish_rows(publisher: &Publisher, rows: Vec<OutboxRow>) -> Vec<(i64, RowOutcome)> {
-    match tokio::time::timeout(BATCH_DEADLINE, publish_rows_inner(publisher, &rows)).await {
+async fn publish_rows(
+    publisher: &Publisher,
+    rows: Vec<OutboxRow>,
+    deadline: Duration,
+) -> Vec<(i64, RowOutcome)> {
+    match tokio::time::timeout(deadline, publish_rows_inner(publisher, &rows)).await {
         Ok(outcomes) => outcomes,
         Err(_) => {
             tracing::warn!(
                 rows = rows.len(),
-                deadline = ?BATCH_DEADLINE,
+                ?deadline,
                 "the broker did not confirm the outbox batch in time; the rows stay pending"
             );
-            let reason = format!("no confirm within the batch deadline of {BATCH_DEADLINE:?}");
+            let reason = format!("no confirm within the batch deadline of {deadline:?}");
             rows.iter()
                 .map(|r| (r.id, RowOutcome::Retry(reason.clone())))
                 .collect()

@@ -507,7 +507,7 @@ async fn generated_hostile_input_never_stops_the_consumer_or_the_relay<B: Backen
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("generated hostile input: seed {seed} (set WARREN_FUZZ_SEED to repeat)");
+    // Every assertion names the seed; WARREN_FUZZ_SEED repeats a run.
     let mut rng = fastrand::Rng::with_seed(seed);
     let base = unique("fz");
     let messages: Vec<Generated> = (0..120)

@@ -17,7 +17,95 @@ on_both_backends!(
     housekeeping_deletes_published_rows_past_retention_only,
     two_relays_publish_each_row_once,
     a_row_to_a_missing_exchange_is_failed_and_the_rest_go_out,
+    a_frozen_broker_holds_a_batch_no_longer_than_its_deadline,
+    each_store_wakes_its_own_relays,
 );
+
+/// Regression (issue 10): against a broker that stopped answering, a batch
+/// waited up to 30 s per confirm, then again per row in the fallback, holding the
+/// rows' locks and a pooled connection all along. Now the whole batch has one
+/// deadline, and its rows stay pending for the next pass.
+async fn a_frozen_broker_holds_a_batch_no_longer_than_its_deadline<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let proxy = Proxy::start().await;
+    let connection = Arc::new(warren::connect(&proxy.url(), "frozen").await.unwrap());
+    let publisher = Publisher::new(Arc::clone(&connection));
+    let relay = Relay::new(
+        db.store.clone(),
+        relay_config(&broker).with_batch_deadline(Duration::from_secs(2)),
+    );
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    for n in 0..3 {
+        warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(n))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    proxy.freeze();
+    let pass = tokio::time::timeout(Duration::from_secs(10), relay.run_once(&publisher))
+        .await
+        .expect("the batch ends at its deadline, not after the broker's");
+    assert_eq!(pass.unwrap(), (3, true), "taken, and trouble reported");
+    let status = db.store.outbox_status().await.unwrap();
+    assert_eq!(status.pending, 3, "the rows wait for the next pass");
+    assert!(status.failed.is_empty());
+    proxy.down();
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Regression (issue 10): the wake-up after a commit was one process-wide
+/// `notify_one`, which woke one relay of the process, not necessarily one of the
+/// store that was written. Each store now wakes its own relays.
+async fn each_store_wakes_its_own_relays<B: Backend>() {
+    let (first, second) = (B::create().await, B::create().await);
+    let broker = TestBroker::new().await;
+    let capture = broker.capture().await;
+    // Polling so rarely that only a wake-up can explain a prompt publish.
+    let config = relay_config(&broker).with_poll_interval(Duration::from_secs(120));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut relays = Vec::new();
+    for db in [&first, &second] {
+        let relay = Relay::new(db.store.clone(), config.clone());
+        let mut stopping = stopping.clone();
+        relays.push(tokio::spawn(async move {
+            relay
+                .run(&amqp_url(), async move {
+                    let _ = stopping.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    // Both relays have made their first pass and sleep until woken.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for round in 0..4u32 {
+        // The same store twice in a row: a process-wide `notify_one` wakes the
+        // relays in turn, so the second round would wake the wrong one.
+        let db = if round < 2 { &first } else { &second };
+        let mut tx = B::pool(&db.store).begin().await.unwrap();
+        warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &event(round))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        warren::Store::wakeups(&db.store).wake();
+        assert!(
+            wait_for(Duration::from_secs(10), || async {
+                broker.ready(&capture).await == round + 1
+            })
+            .await,
+            "round {round}: the written store's relay woke"
+        );
+    }
+    stop.send(true).unwrap();
+    for r in relays {
+        r.await.unwrap().unwrap();
+    }
+    broker.cleanup().await;
+    first.drop_db().await;
+    second.drop_db().await;
+}
 
 /// Regression (found in review): publishing to an exchange that does not exist
 /// makes the broker close the channel, failing every row pipelined with it; the
