@@ -817,34 +817,33 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// True if `error` is (or wraps) a lost or unobtainable database connection.
-fn is_database_outage(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Asks `test` of the first database error in `error`'s chain (a handler may
+/// wrap it); false if there is none.
+fn database_error_in(
+    error: &(dyn std::error::Error + 'static),
+    test: fn(&sqlx::Error) -> bool,
+) -> bool {
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = current {
         if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
-            return crate::store::is_connection_error(sqlx_error);
+            return test(sqlx_error);
         }
-        if let Some(store_error) = e.downcast_ref::<StoreError>() {
-            return store_error.is_connection_error();
+        if let Some(StoreError::Database(sqlx_error)) = e.downcast_ref::<StoreError>() {
+            return test(sqlx_error);
         }
         current = e.source();
     }
     false
 }
 
+/// True if `error` is (or wraps) a lost or unobtainable database connection.
+fn is_database_outage(error: &(dyn std::error::Error + 'static)) -> bool {
+    database_error_in(error, crate::store::is_connection_error)
+}
+
 /// True if `error` is (or wraps) a database error no retry can fix.
 fn is_data_refused(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = current {
-        if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
-            return crate::store::is_permanent_data_error(sqlx_error);
-        }
-        if let Some(store_error) = e.downcast_ref::<StoreError>() {
-            return store_error.is_permanent_data_error();
-        }
-        current = e.source();
-    }
-    false
+    database_error_in(error, crate::store::is_permanent_data_error)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -1196,28 +1195,12 @@ impl<S: Store> Inner<S> {
             // The database refused the data itself (see `store::is_permanent_data_error`):
             // every retry would fail the same way, so spend no retry tiers on it.
             Err(Failure::Handler(e)) if e.is_transient() && is_data_refused(e.error()) => {
-                let error = format!("the database refused the data: {}", e.error());
                 return self
-                    .dead_letter(
-                        publisher,
-                        delivery,
-                        DeadLetterReason::Permanent,
-                        &error,
-                        attempt,
-                    )
+                    .data_refused(publisher, delivery, e.error(), attempt)
                     .await;
             }
             Err(Failure::Store(e)) if e.is_permanent_data_error() => {
-                let error = format!("the database refused the data: {e}");
-                return self
-                    .dead_letter(
-                        publisher,
-                        delivery,
-                        DeadLetterReason::Permanent,
-                        &error,
-                        attempt,
-                    )
-                    .await;
+                return self.data_refused(publisher, delivery, &e, attempt).await;
             }
             Err(Failure::Handler(e)) if e.is_transient() && is_database_outage(e.error()) => {
                 return self
@@ -1256,6 +1239,25 @@ impl<S: Store> Inner<S> {
                 .await
             }
         }
+    }
+
+    /// Dead-letters a message whose data the database refused.
+    async fn data_refused(
+        &self,
+        publisher: &Publisher,
+        delivery: &Delivery,
+        error: &(dyn std::fmt::Display + Sync),
+        attempt: u32,
+    ) -> Outcome {
+        let detail = format!("the database refused the data: {error}");
+        self.dead_letter(
+            publisher,
+            delivery,
+            DeadLetterReason::Permanent,
+            &detail,
+            attempt,
+        )
+        .await
     }
 
     /// The database is unreachable: pause intake (the consume loop probes until it

@@ -319,7 +319,8 @@ async fn close(channel: &Channel) {
     crate::broker::close_channel(channel, "done").await;
 }
 
-/// The headers of a failure record; a replayed copy starts without them.
+/// The headers of warren's failure record; a replayed copy starts without them
+/// (and without the broker's, which `copy_base` drops).
 const FAILURE_HEADERS: &[&str] = &[
     HEADER_REASON,
     HEADER_ERROR,
@@ -330,15 +331,6 @@ const FAILURE_HEADERS: &[&str] = &[
     HEADER_LAST_FAILURE,
     HEADER_CONSUMER,
     HEADER_QUEUE,
-    "x-death",
-    "x-first-death-exchange",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-last-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
-    "x-delivery-count",
-    "x-acquired-count",
 ];
 
 /// The replayed copy: the dead letter's properties without its failure record

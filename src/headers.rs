@@ -35,7 +35,7 @@ pub const HEADER_DROPPED: &str = "x-warren-dropped-headers";
 /// Headers the broker adds on its own (dead-lettering history, quorum delivery
 /// counts). A republished copy drops them: they describe the old copy's life, a
 /// producer may have forged them, and newer brokers ignore client-set `x-death`.
-const BROKER_HEADERS: &[&str] = &[
+pub(crate) const BROKER_HEADERS: &[&str] = &[
     "x-death",
     "x-acquired-count",
     "x-first-death-exchange",

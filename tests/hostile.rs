@@ -24,6 +24,9 @@ on_both_backends!(
     a_message_published_with_another_users_id_is_retried_and_dead_lettered,
 );
 
+/// A case: its name, the job it carries, and the headers its producer sets.
+type Case<'a> = (&'a str, Job, Vec<(&'a str, AMQPValue)>);
+
 fn relay_config(broker: &TestBroker) -> RelayConfig {
     RelayConfig::new(format!("{}-relay", broker.name))
         .with_poll_interval(Duration::from_millis(200))
@@ -126,59 +129,57 @@ async fn each_hostile_input_ends_where_the_readme_says<B: Backend>() {
         envelope(&id("latin1"), &ok),
         props(&id("latin1")).with_content_type("application/json; charset=ISO-8859-1".into()),
     );
-    // Forged broker and warren bookkeeping on first deliveries.
-    add(
-        "delivery-count",
-        envelope(&id("delivery-count"), &ok),
-        with_headers(
-            props(&id("delivery-count")),
-            &[("x-delivery-count", AMQPValue::LongLongInt(10))],
+    // Forged broker and warren bookkeeping on first deliveries, and a header so
+    // large that warren's record would no longer fit in a frame.
+    let int = AMQPValue::LongLongInt;
+    let forged: [Case<'_>; 7] = [
+        (
+            "delivery-count",
+            ok.clone(),
+            vec![("x-delivery-count", int(10))],
         ),
-    );
-    add(
-        "acquired-count",
-        envelope(&id("acquired-count"), &ok),
-        with_headers(
-            props(&id("acquired-count")),
-            &[("x-acquired-count", AMQPValue::LongLongInt(5))],
+        (
+            "acquired-count",
+            ok.clone(),
+            vec![("x-acquired-count", int(5))],
         ),
-    );
-    add(
-        "attempt-999",
-        envelope(&id("attempt-999"), &Job::with(Mode::Transient { n: 1 })),
-        with_headers(
-            props(&id("attempt-999")),
-            &[("x-warren-attempt", AMQPValue::LongLongInt(999))],
+        (
+            "attempt-999",
+            Job::with(Mode::Transient { n: 1 }),
+            vec![("x-warren-attempt", int(999))],
         ),
-    );
-    add(
-        "attempt-2",
-        envelope(&id("attempt-2"), &Job::with(Mode::Transient { n: 2 })),
-        with_headers(
-            props(&id("attempt-2")),
-            &[("x-warren-attempt", AMQPValue::LongLongInt(2))],
+        (
+            "attempt-2",
+            Job::with(Mode::Transient { n: 2 }),
+            vec![("x-warren-attempt", int(2))],
         ),
-    );
-    add(
-        "attempt-max",
-        envelope(&id("attempt-max"), &ok),
-        with_headers(
-            props(&id("attempt-max")),
-            &[("x-warren-attempt", AMQPValue::LongLongInt(4_294_967_295))],
+        (
+            "attempt-max",
+            ok.clone(),
+            vec![("x-warren-attempt", int(4_294_967_295))],
         ),
-    );
-    add(
-        "forged-route",
-        envelope(&id("forged-route"), &Job::with(Mode::Permanent)),
-        with_headers(
-            props(&id("forged-route")),
-            &[
+        (
+            "forged-route",
+            Job::with(Mode::Permanent),
+            vec![
                 ("x-warren-original-exchange", text("forged.exchange")),
                 ("x-warren-original-routing-key", text("forged.key")),
                 ("x-warren-first-failure", text("2001-01-01T00:00:00Z")),
             ],
         ),
-    );
+        (
+            "huge-header",
+            Job::with(Mode::Permanent),
+            vec![("big", text(&"b".repeat(129_900))), ("small", text("kept"))],
+        ),
+    ];
+    for (case, job, headers) in &forged {
+        add(
+            case,
+            envelope(&id(case), job),
+            with_headers(props(&id(case)), headers),
+        );
+    }
     add(
         "unpublishable-event",
         envelope(
@@ -187,16 +188,6 @@ async fn each_hostile_input_ends_where_the_readme_says<B: Backend>() {
         ),
         props(&id("unpublishable-event")),
     );
-    // A header so large that warren's record would no longer fit in a frame.
-    add(
-        "huge-header",
-        envelope(&id("huge-header"), &Job::with(Mode::Permanent)),
-        with_headers(
-            props(&id("huge-header")),
-            &[("big", text(&"b".repeat(129_900))), ("small", text("kept"))],
-        ),
-    );
-
     let mut valid = Vec::new();
     for (case_id, body, properties) in &cases {
         broker.publish_raw(body, properties.clone()).await;

@@ -653,20 +653,9 @@ pub struct Running {
 
 impl Running {
     pub fn start<S: Store>(consumer: Consumer<S>) -> Self {
-        let stats = consumer.stats();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
-            consumer
-                .run(&amqp_url(), async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Running {
-            stats,
-            stop: Some(stop),
-            handle,
-        }
+        Self::spawn(consumer.stats(), |stopped| async move {
+            consumer.run(&amqp_url(), stopped).await
+        })
     }
 
     /// Starts `consumer` with an outbox relay beside it (`run_with_relay`).
@@ -674,15 +663,21 @@ impl Running {
         consumer: Consumer<S>,
         relay: warren::RelayConfig,
     ) -> Self {
-        let stats = consumer.stats();
+        Self::spawn(consumer.stats(), |stopped| async move {
+            consumer.run_with_relay(&amqp_url(), relay, stopped).await
+        })
+    }
+
+    /// Spawns what `run` makes of the shutdown future.
+    fn spawn<F, Fut>(stats: StatsHandle, run: F) -> Self
+    where
+        F: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
         let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
-            consumer
-                .run_with_relay(&amqp_url(), relay, async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let handle = tokio::spawn(run(Box::pin(async {
+            let _ = stopped.await;
+        })));
         Running {
             stats,
             stop: Some(stop),

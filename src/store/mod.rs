@@ -113,6 +113,36 @@ pub trait Dialect: Database {
 /// The name of the signing key in `warren_settings`.
 pub(crate) const SIGNING_KEY_SETTING: &str = "header-signing-key";
 
+/// Reads the signing key, storing a new random one first if there is none.
+/// Every process on the database races to insert its candidate; the first
+/// insert wins, and all of them read the same key back. The dialects differ
+/// only in their SQL: `insert` takes (name, value), `select` takes (name).
+pub(crate) async fn load_signing_key<DB>(
+    pool: &sqlx::Pool<DB>,
+    insert: &'static str,
+    select: &'static str,
+) -> Result<Vec<u8>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    String: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'static str: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let mut conn = pool.acquire().await?;
+    sqlx::query(insert)
+        .bind(SIGNING_KEY_SETTING)
+        .bind(new_signing_key())
+        .execute(&mut *conn)
+        .await?;
+    let key: String = sqlx::query_scalar(select)
+        .bind(SIGNING_KEY_SETTING)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(key.into_bytes())
+}
+
 /// 256 random bits from the operating system, hex-encoded.
 pub(crate) fn new_signing_key() -> String {
     let mut bytes = [0u8; 32];

@@ -211,20 +211,12 @@ impl Store for PgStore {
     }
 
     async fn signing_key(&self) -> Result<Vec<u8>, StoreError> {
-        // Every process on this database races to insert its candidate; the
-        // first insert wins and all of them read the same key back.
-        sqlx::query(
+        super::load_signing_key(
+            &self.pool,
             "INSERT INTO warren_settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+            "SELECT value FROM warren_settings WHERE name = $1",
         )
-        .bind(super::SIGNING_KEY_SETTING)
-        .bind(super::new_signing_key())
-        .execute(&self.pool)
-        .await?;
-        let key: String = sqlx::query_scalar("SELECT value FROM warren_settings WHERE name = $1")
-            .bind(super::SIGNING_KEY_SETTING)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(key.into_bytes())
+        .await
     }
 
     fn wakeups(&self) -> &Wakeups {

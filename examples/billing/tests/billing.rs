@@ -217,6 +217,27 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Starts `billing run` from `cmd` (flags already set) serving HTTP on `port`,
+/// and waits until `/readyz` answers 200.
+async fn start_run(cmd: &mut Command, port: u16, stderr: Stdio) -> tokio::process::Child {
+    let run = cmd
+        .args(["--http", &format!("127.0.0.1:{port}"), "run"])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            http_get(port, "/readyz")
+                .await
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        })
+        .await,
+        "billing run became ready"
+    );
+    run
+}
+
 fn line_value(out: &str, label: &str) -> Option<i64> {
     out.lines()
         .find(|l| l.trim_start().starts_with(label))
@@ -252,22 +273,7 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
         "--retry-tiers",
         "200ms,500ms",
     ];
-    let mut run = billing()
-        .args(common)
-        .args(["--http", &format!("127.0.0.1:{port}"), "run"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            http_get(port, "/readyz")
-                .await
-                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-        })
-        .await,
-        "billing run became ready"
-    );
+    let mut run = start_run(billing().args(common), port, Stdio::null()).await;
     assert!(http_get(port, "/healthz").await.unwrap().contains("ok"));
 
     let (ok, published, err) = output(billing().args(common).args([
@@ -625,22 +631,7 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
         "--retry-tiers",
         "200ms,500ms",
     ];
-    let mut run = billing()
-        .args(common)
-        .args(["--http", &format!("127.0.0.1:{port}"), "run"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            http_get(port, "/readyz")
-                .await
-                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-        })
-        .await,
-        "billing run became ready"
-    );
+    let mut run = start_run(billing().args(common), port, Stdio::null()).await;
 
     let applied = [
         paid("cus_big", "1234567890123456789012345678.90", "EUR"),
