@@ -14,6 +14,12 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
+#[cfg(test)]
+pub(crate) mod memory;
+mod port;
+
+pub(crate) use port::{Delivery, Port, Subscription};
+
 use crate::envelope::Outgoing;
 use crate::tls::{TlsError, TlsOptions};
 use crate::topology::{ArgValue, ExchangeKind, QueueSpec, Topology};
@@ -422,6 +428,25 @@ pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), 
         close_channel(&channel, "deleted").await;
     }
     Ok(())
+}
+
+/// Declares `topology` on a channel of its own, closed afterwards.
+pub(crate) async fn declare_on(
+    connection: &Connection,
+    topology: &Topology,
+) -> Result<(), BrokerError> {
+    let channel = deadline("opening a channel", connection.create_channel()).await?;
+    let declared = declare(&channel, topology).await;
+    close_channel(&channel, "topology declared").await;
+    declared
+}
+
+/// Closes `connection` if it is still open, never waiting longer than
+/// [`CALL_TIMEOUT`].
+pub(crate) async fn close_connection(connection: &Connection, reason: &str) {
+    if connection.status().connected() {
+        let _ = tokio::time::timeout(CALL_TIMEOUT, connection.close(200, reason.into())).await;
+    }
 }
 
 /// Closes `channel` if it is still open, never waiting longer than

@@ -1,38 +1,16 @@
 //! The dead-letter record: headers a dead-lettered copy carries, written by the
 //! consumer and read back by operators' tools.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use crate::envelope::PERSISTENT;
-
-/// Header: failed attempts so far, set on copies sent to retry tiers. warren
-/// counts attempts here, never in `x-death`.
-pub const HEADER_ATTEMPT: &str = "x-warren-attempt";
-/// Header: the error of the last failed attempt, on retry copies.
-pub const HEADER_LAST_ERROR: &str = "x-warren-last-error";
-/// Header: when the message was last replayed from the dead-letter queue.
-pub const HEADER_REPLAYED_AT: &str = "x-warren-replayed-at";
-
-/// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::DeadLetterReason) name).
-pub const HEADER_REASON: &str = "x-warren-reason";
-/// Header: the error text.
-pub const HEADER_ERROR: &str = "x-warren-error";
-/// Header: how many times the message was attempted.
-pub const HEADER_ATTEMPTS: &str = "x-warren-attempts";
-/// Header: the exchange the message was originally published to.
-pub const HEADER_ORIGINAL_EXCHANGE: &str = "x-warren-original-exchange";
-/// Header: the routing key the message was originally published with.
-pub const HEADER_ORIGINAL_ROUTING_KEY: &str = "x-warren-original-routing-key";
-/// Header: the consumer that gave up on the message.
-pub const HEADER_CONSUMER: &str = "x-warren-consumer";
-/// Header: the queue the message was consumed from.
-pub const HEADER_QUEUE: &str = "x-warren-queue";
-/// Header: when the message first failed (RFC 3339).
-pub const HEADER_FIRST_FAILURE: &str = "x-warren-first-failure";
-/// Header: when the message last failed (RFC 3339).
-pub const HEADER_LAST_FAILURE: &str = "x-warren-last-failure";
+use crate::amqp::{PERSISTENT, header_int, header_str, text, time, truncate};
+use crate::headers::{
+    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
+    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE,
+    HEADER_REASON,
+};
 
 /// Error texts are cut to this many bytes: enough to diagnose, too little to carry
 /// a payload along by accident.
@@ -59,48 +37,6 @@ pub struct DeadLetterInfo {
     pub first_failure: Option<DateTime<Utc>>,
     /// Last failure time.
     pub last_failure: Option<DateTime<Utc>>,
-}
-
-pub(crate) fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-pub(crate) fn time(t: DateTime<Utc>) -> AMQPValue {
-    AMQPValue::LongString(t.to_rfc3339_opts(SecondsFormat::Millis, true).into())
-}
-
-pub(crate) fn text(s: &str) -> AMQPValue {
-    AMQPValue::LongString(s.into())
-}
-
-/// Reads a header as text, whichever string type the producer used.
-pub fn header_str<'a>(headers: &'a FieldTable, name: &str) -> Option<std::borrow::Cow<'a, str>> {
-    match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes())),
-        AMQPValue::ShortString(s) => Some(s.as_str().into()),
-        _ => None,
-    }
-}
-
-/// Reads an integer header, whichever integer type the producer used.
-pub fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
-    match headers.inner().get(name)? {
-        AMQPValue::ShortShortInt(v) => Some((*v).into()),
-        AMQPValue::ShortShortUInt(v) => Some((*v).into()),
-        AMQPValue::ShortInt(v) => Some((*v).into()),
-        AMQPValue::ShortUInt(v) => Some((*v).into()),
-        AMQPValue::LongInt(v) => Some((*v).into()),
-        AMQPValue::LongUInt(v) => Some((*v).into()),
-        AMQPValue::LongLongInt(v) => Some(*v),
-        _ => None,
-    }
 }
 
 impl DeadLetterInfo {

@@ -16,11 +16,13 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 
+use crate::amqp::time;
 use crate::broker::{BrokerError, Publisher};
-use crate::dead_letter::{
-    self, DeadLetterInfo, HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR,
-    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_QUEUE, HEADER_REASON,
-    HEADER_REPLAYED_AT,
+use crate::dead_letter::DeadLetterInfo;
+use crate::headers::{
+    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
+    HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT,
+    HEADER_SIGNATURE,
 };
 use crate::topology::dead_letter_queue_name;
 
@@ -346,28 +348,28 @@ fn replay_properties(properties: &BasicProperties) -> BasicProperties {
             h.inner()
                 .iter()
                 .filter(|(k, _)| {
-                    !FAILURE_HEADERS.contains(&k.as_str())
-                        && k.as_str() != crate::headers::HEADER_SIGNATURE
+                    !FAILURE_HEADERS.contains(&k.as_str()) && k.as_str() != HEADER_SIGNATURE
                 })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         })
         .unwrap_or_default();
-    kept.insert(HEADER_REPLAYED_AT.into(), dead_letter::time(Utc::now()));
+    kept.insert(HEADER_REPLAYED_AT.into(), time(Utc::now()));
     properties.with_headers(FieldTable::from(kept))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::amqp::text;
 
     /// Regression (issue 10): a replayed copy kept the producer's `user_id`, and
     /// the broker refused it from the replaying connection (406).
     #[test]
     fn replayed_copies_carry_no_user_id_nor_the_failure_record() {
         let mut headers = FieldTable::default();
-        headers.insert(HEADER_REASON.into(), dead_letter::text("poison"));
-        headers.insert("tenant".into(), dead_letter::text("acme"));
+        headers.insert(HEADER_REASON.into(), text("poison"));
+        headers.insert("tenant".into(), text("acme"));
         let dead = BasicProperties::default()
             .with_message_id("m1".into())
             .with_user_id("A".into())
@@ -377,9 +379,9 @@ mod tests {
         let h = copy.headers().as_ref().unwrap();
         assert!(!h.contains_key(HEADER_REASON));
         assert!(h.contains_key(HEADER_REPLAYED_AT));
-        assert_eq!(crate::header_str(h, "tenant").unwrap(), "acme");
+        assert_eq!(crate::amqp::header_str(h, "tenant").unwrap(), "acme");
         assert_eq!(
-            crate::header_str(h, crate::HEADER_ORIGINAL_USER_ID).unwrap(),
+            crate::amqp::header_str(h, crate::headers::HEADER_ORIGINAL_USER_ID).unwrap(),
             "A"
         );
     }

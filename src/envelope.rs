@@ -10,6 +10,7 @@ use lapin::types::ShortString;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT, truncate};
 use crate::failure::DeadLetterReason;
 
 /// The only content type warren accepts and produces.
@@ -21,12 +22,6 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Longest message id accepted. Ids are stored in the inbox's primary key, so an
 /// unbounded id is an unbounded index entry.
 pub const MAX_MESSAGE_ID_LEN: usize = 200;
-
-/// Longest value, in bytes, of an AMQP short string: the limit of every property
-/// an envelope field is copied into (`type`, `correlation_id`, `message_id`). A
-/// longer value accepted here would be refused, or worse, panic the client, the
-/// moment warren published a message carrying it on.
-pub const MAX_SHORT_STRING_LEN: usize = 255;
 
 /// What the envelope says about a message, apart from its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +127,7 @@ impl Envelope {
                 R::UnsupportedContentEncoding,
                 format!(
                     "content encoding is {:?}; warren reads only unencoded JSON",
-                    crate::dead_letter::truncate(encoding, 64)
+                    truncate(encoding, 64)
                 ),
             ));
         }
@@ -254,7 +249,7 @@ fn check_content_type(content_type: Option<&str>) -> Result<(), InvalidMessage> 
             "content type is missing, expected {CONTENT_TYPE_JSON:?}"
         ));
     };
-    let shown = crate::dead_letter::truncate(ct, 100);
+    let shown = truncate(ct, 100);
     let mut parts = ct.split(';');
     let essence = parts.next().unwrap_or_default().trim();
     if !essence.eq_ignore_ascii_case(CONTENT_TYPE_JSON) {
@@ -431,9 +426,6 @@ impl Outgoing {
         props
     }
 }
-
-/// AMQP delivery mode 2: the broker writes the message to disk.
-pub(crate) const PERSISTENT: u8 = 2;
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,34 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use sha2::Sha256;
 
-use crate::dead_letter::{self, HEADER_ERROR, HEADER_LAST_ERROR};
+use crate::amqp::{text, truncate};
+
+/// Header: failed attempts so far, set on copies sent to retry tiers. warren
+/// counts attempts here, never in `x-death`.
+pub const HEADER_ATTEMPT: &str = "x-warren-attempt";
+/// Header: the error of the last failed attempt, on retry copies.
+pub const HEADER_LAST_ERROR: &str = "x-warren-last-error";
+/// Header: when the message was last replayed from the dead-letter queue.
+pub const HEADER_REPLAYED_AT: &str = "x-warren-replayed-at";
+
+/// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::DeadLetterReason) name).
+pub const HEADER_REASON: &str = "x-warren-reason";
+/// Header: the error text.
+pub const HEADER_ERROR: &str = "x-warren-error";
+/// Header: how many times the message was attempted.
+pub const HEADER_ATTEMPTS: &str = "x-warren-attempts";
+/// Header: the exchange the message was originally published to.
+pub const HEADER_ORIGINAL_EXCHANGE: &str = "x-warren-original-exchange";
+/// Header: the routing key the message was originally published with.
+pub const HEADER_ORIGINAL_ROUTING_KEY: &str = "x-warren-original-routing-key";
+/// Header: the consumer that gave up on the message.
+pub const HEADER_CONSUMER: &str = "x-warren-consumer";
+/// Header: the queue the message was consumed from.
+pub const HEADER_QUEUE: &str = "x-warren-queue";
+/// Header: when the message first failed (RFC 3339).
+pub const HEADER_FIRST_FAILURE: &str = "x-warren-first-failure";
+/// Header: when the message last failed (RFC 3339).
+pub const HEADER_LAST_FAILURE: &str = "x-warren-last-failure";
 
 /// Header: warren's signature over its own `x-warren-*` headers and the message id.
 pub const HEADER_SIGNATURE: &str = "x-warren-signature";
@@ -118,7 +145,7 @@ impl Signer {
     pub(crate) fn sign(&self, message_id: &str, headers: &mut FieldTable) {
         let tag = self.mac(message_id, headers).finalize().into_bytes();
         let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
-        headers.insert(HEADER_SIGNATURE.into(), dead_letter::text(&hex));
+        headers.insert(HEADER_SIGNATURE.into(), text(&hex));
     }
 
     /// True if `headers` carries a valid signature over its `x-warren-*` entries.
@@ -240,10 +267,7 @@ pub(crate) fn copy_base(trusted: &BasicProperties, keep_expiration: bool) -> Bas
     };
     let mut headers = base.headers().clone().unwrap_or_default();
     if !headers.contains_key(HEADER_ORIGINAL_USER_ID) {
-        headers.insert(
-            HEADER_ORIGINAL_USER_ID.into(),
-            dead_letter::text(user.as_str()),
-        );
+        headers.insert(HEADER_ORIGINAL_USER_ID.into(), text(user.as_str()));
     }
     base.with_headers(headers)
 }
@@ -282,12 +306,9 @@ pub(crate) fn fit(properties: BasicProperties, frame_max: usize) -> BasicPropert
     }
     let mut headers = headers;
     for name in [HEADER_ERROR, HEADER_LAST_ERROR] {
-        if let Some(AMQPValue::LongString(text)) = headers.inner().get(name) {
-            let text = String::from_utf8_lossy(text.as_bytes()).into_owned();
-            headers.insert(
-                name.into(),
-                dead_letter::text(dead_letter::truncate(&text, SHRUNK_ERROR_LEN)),
-            );
+        if let Some(AMQPValue::LongString(value)) = headers.inner().get(name) {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            headers.insert(name.into(), text(truncate(&value, SHRUNK_ERROR_LEN)));
         }
     }
     let mut dropped = Vec::new();
@@ -307,10 +328,7 @@ pub(crate) fn fit(properties: BasicProperties, frame_max: usize) -> BasicPropert
     }
     if !dropped.is_empty() {
         let names = dropped.join(", ");
-        headers.insert(
-            HEADER_DROPPED.into(),
-            dead_letter::text(dead_letter::truncate(&names, 1000)),
-        );
+        headers.insert(HEADER_DROPPED.into(), text(truncate(&names, 1000)));
     }
     properties.with_headers(headers)
 }
@@ -361,7 +379,6 @@ fn value_len(value: &AMQPValue) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dead_letter::HEADER_ATTEMPT;
 
     fn props(headers: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut table = FieldTable::default();
@@ -392,7 +409,7 @@ mod tests {
         let altered = signed.clone().with_headers(altered);
         let forged = props(&[
             (HEADER_ATTEMPT, AMQPValue::LongLongInt(999)),
-            ("tenant", dead_letter::text("acme")),
+            ("tenant", text("acme")),
         ]);
         for (case, p, s) in [
             ("moved", &moved, &signer),
@@ -411,7 +428,7 @@ mod tests {
         let t = signer.trusted(&forged);
         let h = t.headers().as_ref().unwrap();
         assert_eq!(
-            crate::header_str(h, "tenant").unwrap(),
+            crate::amqp::header_str(h, "tenant").unwrap(),
             "acme",
             "the producer's own headers are kept"
         );
@@ -427,23 +444,26 @@ mod tests {
         assert_eq!(*copy.expiration(), None);
         let h = copy.headers().as_ref().unwrap();
         assert!(!h.contains_key("x-delivery-count"));
-        assert_eq!(crate::header_str(h, HEADER_ORIGINAL_USER_ID).unwrap(), "A");
+        assert_eq!(
+            crate::amqp::header_str(h, HEADER_ORIGINAL_USER_ID).unwrap(),
+            "A"
+        );
     }
 
     #[test]
     fn oversized_headers_are_cut_to_fit_a_frame() {
         let p = props(&[
-            ("big", dead_letter::text(&"x".repeat(200_000))),
-            ("small", dead_letter::text("keep")),
-            (HEADER_ERROR, dead_letter::text(&"e".repeat(5000))),
+            ("big", text(&"x".repeat(200_000))),
+            ("small", text("keep")),
+            (HEADER_ERROR, text(&"e".repeat(5000))),
         ]);
         assert!(check_frame_size(&p, DEFAULT_FRAME_MAX).is_err());
         let fitted = fit(p, DEFAULT_FRAME_MAX);
         check_frame_size(&fitted, DEFAULT_FRAME_MAX).unwrap();
         let h = fitted.headers().as_ref().unwrap();
         assert!(!h.contains_key("big"));
-        assert_eq!(crate::header_str(h, "small").unwrap(), "keep");
-        assert_eq!(crate::header_str(h, HEADER_DROPPED).unwrap(), "big");
-        assert!(crate::header_str(h, HEADER_ERROR).unwrap().len() <= SHRUNK_ERROR_LEN);
+        assert_eq!(crate::amqp::header_str(h, "small").unwrap(), "keep");
+        assert_eq!(crate::amqp::header_str(h, HEADER_DROPPED).unwrap(), "big");
+        assert!(crate::amqp::header_str(h, HEADER_ERROR).unwrap().len() <= SHRUNK_ERROR_LEN);
     }
 }

@@ -22,9 +22,16 @@
 //! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
 //! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
 //! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
-//! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
+//! - `config`: a consumer's settings, checked in one place ([`ConsumerConfig`]).
+//! - `consumer`: reconnection, intake and the relay beside it ([`Consumer`]).
+//! - `session`: one connected period with the broker, its monitor, the drain.
+//! - `dispatcher`: which buffered deliveries run next; how far an ack may reach.
+//! - `pipeline`: **the rule**: validate, claim, handle, commit, then settle, per delivery.
+//! - `disposition`: what an outcome means (ack, retry, dead-letter, return): a pure decision.
 //! - `topology`: exchanges and queues as data ([`Topology`]).
-//! - `broker`: connections, declaring topology, publishing with confirms ([`Publisher`]).
+//! - `broker`: every AMQP call: connections, declaring, publishing with confirms
+//!   ([`Publisher`]), subscriptions, and the pipeline's port (with an in-memory double).
+//! - `amqp`: AMQP values: delivery mode, the short-string limit, header readers.
 //! - `tls`: `amqps://` with a private CA or a client certificate ([`TlsOptions`]).
 //! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
 //! - `headers`: what a copy keeps and drops, warren's signed headers, frame-size bounds.
@@ -41,12 +48,16 @@
 #![doc = ""]
 #![doc = include_str!("../README.md")]
 
+mod amqp;
 mod broker;
 #[cfg(feature = "chaos")]
 pub mod chaos;
+mod config;
 mod consumer;
 mod database_url;
 mod dead_letter;
+mod dispatcher;
+mod disposition;
 mod dlq;
 mod envelope;
 mod error;
@@ -56,41 +67,45 @@ mod handler;
 mod headers;
 mod idempotency;
 pub mod outbox;
+mod pipeline;
 mod printable;
 mod registry;
 mod relay;
 mod retention;
 mod retry;
+mod session;
 mod shutdown;
 mod store;
 mod telemetry;
 mod tls;
 mod topology;
 
+pub use amqp::{MAX_SHORT_STRING_LEN, header_int, header_str};
 pub use broker::{
     BatchItem, BrokerError, CALL_TIMEOUT, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo,
     connect, connect_with_tls, declare, delete, inspect_queue,
 };
-pub use consumer::{
-    Consumer, ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
+pub use config::{
+    ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_TIMEOUT,
 };
+pub use consumer::Consumer;
 pub use database_url::{DatabaseUrl, redact_url, split_url_list};
-pub use dead_letter::{
-    DeadLetterInfo, HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR,
-    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,
-    HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, header_int,
-    header_str,
-};
+pub use dead_letter::DeadLetterInfo;
 pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use envelope::{
     CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
-    MAX_MESSAGE_ID_LEN, MAX_SHORT_STRING_LEN, Metadata, Outgoing,
+    MAX_MESSAGE_ID_LEN, Metadata, Outgoing,
 };
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
 pub use handler::{Handler, Message};
-pub use headers::{HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_SIGNATURE, HEADER_UNVERIFIED};
+pub use headers::{
+    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_DROPPED, HEADER_ERROR,
+    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,
+    HEADER_ORIGINAL_ROUTING_KEY, HEADER_ORIGINAL_USER_ID, HEADER_QUEUE, HEADER_REASON,
+    HEADER_REPLAYED_AT, HEADER_SIGNATURE, HEADER_UNVERIFIED,
+};
 pub use idempotency::idempotency_key;
 pub use printable::{printable, printable_bytes};
 pub use registry::Registry;
@@ -114,7 +129,7 @@ pub use store::{
 pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
 pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};
 pub use topology::{
-    ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology,
+    ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueLayout, QueueSpec, QueueType, Topology,
     UNBOUNDED_DELIVERY_LIMIT, dead_letter_queue_name, retry_queue_name,
 };
 

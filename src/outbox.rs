@@ -12,7 +12,8 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::{CONTENT_TYPE_JSON, Outgoing, PERSISTENT};
+use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
+use crate::envelope::{CONTENT_TYPE_JSON, Outgoing};
 use crate::store::{Dialect, StoreError};
 
 /// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
@@ -183,11 +184,11 @@ pub async fn enqueue<DB: Dialect>(
 /// Exchange names and routing keys are AMQP short strings.
 pub(crate) fn check_route(exchange: &str, routing_key: &str) -> Result<(), String> {
     for (field, value) in [("exchange", exchange), ("routing key", routing_key)] {
-        if value.len() > crate::envelope::MAX_SHORT_STRING_LEN {
+        if value.len() > MAX_SHORT_STRING_LEN {
             return Err(format!(
                 "{field} is {} bytes, the limit is {}",
                 value.len(),
-                crate::envelope::MAX_SHORT_STRING_LEN
+                MAX_SHORT_STRING_LEN
             ));
         }
     }

@@ -6,7 +6,6 @@ use std::fmt;
 
 use std::time::Duration;
 
-use crate::consumer::ConsumerConfig;
 use crate::retry::format_delay;
 
 /// RabbitMQ queue type.
@@ -179,10 +178,28 @@ impl QueueSpec {
     }
 }
 
+/// What the topology of one consumer queue is derived from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLayout {
+    /// The consumer's queue.
+    pub queue: String,
+    /// The topic exchange it is bound to, if any.
+    pub exchange: Option<String>,
+    /// Binding keys from the exchange to the queue.
+    pub binding_keys: Vec<String>,
+    /// Queue type of every queue declared.
+    pub queue_type: QueueType,
+    /// Retry tier delays; one queue each.
+    pub tiers: Vec<Duration>,
+    /// The consumer's poison limit; the broker's own delivery limit is twice it.
+    pub poison_limit: u32,
+}
+
 impl Topology {
-    /// The topology of one consumer: its exchange (if any), its main queue bound
-    /// to the exchange with each binding key, and its dead-letter queue.
-    pub fn for_consumer(config: &ConsumerConfig) -> Self {
+    /// The topology of one consumer queue: its exchange (if any), the queue bound
+    /// to the exchange with each binding key, one retry queue per tier, and the
+    /// dead-letter queue.
+    pub fn for_queue(config: &QueueLayout) -> Self {
         let mut topology = Topology::default();
         if let Some(exchange) = &config.exchange {
             topology.exchanges.push(ExchangeSpec {
@@ -197,7 +214,7 @@ impl Topology {
                 });
             }
         }
-        let dead_letter = config.dead_letter_queue();
+        let dead_letter = dead_letter_queue_name(&config.queue);
         let main = QueueSpec::new(&config.queue, config.queue_type);
         let main = match config.queue_type {
             // The broker's delivery limit is the backstop for poison messages: the
@@ -206,13 +223,13 @@ impl Topology {
             QueueType::Quorum => main
                 .arg(
                     "x-delivery-limit",
-                    ArgValue::Int(i64::from(config.retry.poison_limit()) * 2),
+                    ArgValue::Int(i64::from(config.poison_limit) * 2),
                 )
                 .dead_letter_to(&dead_letter, config.queue_type),
             QueueType::Classic => main,
         };
         topology.queues.push(main);
-        for delay in config.retry.tiers() {
+        for delay in &config.tiers {
             let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
             topology.queues.push(
                 QueueSpec::new(retry_queue_name(&config.queue, *delay), config.queue_type)
@@ -231,85 +248,5 @@ impl Topology {
     /// Every queue name, for tooling and cleanup.
     pub fn queue_names(&self) -> impl Iterator<Item = &str> {
         self.queues.iter().map(|q| q.name.as_str())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn arg(q: &QueueSpec, name: &str) -> ArgValue {
-        q.arguments[name].clone()
-    }
-
-    fn s(v: &str) -> ArgValue {
-        ArgValue::Str(v.into())
-    }
-
-    #[test]
-    fn consumer_topology_has_exchange_queue_binding_tiers_and_dead_letter_queue() {
-        let config = ConsumerConfig::new("billing", "p.invoice-paid")
-            .bind("p.events", ["billing.invoice-paid.*"]);
-        let t = Topology::for_consumer(&config);
-        assert_eq!(t.exchanges.len(), 1);
-        assert_eq!(t.exchanges[0].name, "p.events");
-        assert_eq!(
-            t.queue_names().collect::<Vec<_>>(),
-            [
-                "p.invoice-paid",
-                "p.invoice-paid.retry.5s",
-                "p.invoice-paid.retry.30s",
-                "p.invoice-paid.retry.2m",
-                "p.invoice-paid.retry.10m",
-                "p.invoice-paid.retry.30m",
-                "p.invoice-paid.dead-letter"
-            ]
-        );
-        let main = &t.queues[0];
-        assert_eq!(arg(main, "x-delivery-limit"), ArgValue::Int(10));
-        assert_eq!(
-            arg(main, "x-dead-letter-routing-key"),
-            s("p.invoice-paid.dead-letter")
-        );
-        assert_eq!(arg(main, "x-overflow"), s("reject-publish"));
-        let tier = &t.queues[1];
-        assert_eq!(arg(tier, "x-message-ttl"), ArgValue::Int(5000));
-        assert_eq!(arg(tier, "x-dead-letter-exchange"), s(""));
-        assert_eq!(arg(tier, "x-dead-letter-routing-key"), s("p.invoice-paid"));
-        assert_eq!(arg(tier, "x-dead-letter-strategy"), s("at-least-once"));
-        assert_eq!(
-            t.bindings,
-            [BindingSpec {
-                exchange: "p.events".into(),
-                queue: "p.invoice-paid".into(),
-                routing_key: "billing.invoice-paid.*".into()
-            }]
-        );
-        assert_eq!(arg(main, "x-queue-type"), s("quorum"));
-        for q in &t.queues[1..] {
-            assert_eq!(
-                arg(q, "x-delivery-limit"),
-                ArgValue::Int(UNBOUNDED_DELIVERY_LIMIT),
-                "{} has an explicit limit",
-                q.name
-            );
-        }
-    }
-
-    #[test]
-    fn classic_queues_have_no_quorum_only_arguments() {
-        let config = ConsumerConfig::new("c", "q").with_queue_type(QueueType::Classic);
-        let t = Topology::for_consumer(&config);
-        for q in &t.queues {
-            assert_eq!(arg(q, "x-queue-type"), s("classic"));
-            for quorum_only in ["x-delivery-limit", "x-dead-letter-strategy", "x-overflow"] {
-                assert!(
-                    !q.arguments.contains_key(quorum_only),
-                    "{} has {quorum_only}",
-                    q.name
-                );
-            }
-        }
-        assert_eq!(arg(&t.queues[1], "x-dead-letter-routing-key"), s("q"));
     }
 }

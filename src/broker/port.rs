@@ -1,0 +1,194 @@
+//! The pipeline's port to the broker: the few calls settling a delivery needs
+//! (ack, put back, publish a copy and wait for its confirm), behind one small
+//! trait. [`Amqp`] implements it on a lapin channel; the in-memory double in
+//! `memory` implements it for fast tests of every disposition.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+
+use super::{BrokerError, Publisher, close_channel, deadline, short};
+
+/// A delivery as the pipeline sees it: the broker's tag, where it came from, and
+/// what it carries. No client type leaks past the broker module.
+#[derive(Debug, Clone)]
+pub(crate) struct Delivery {
+    /// The channel's delivery tag: what an ack names. Never an identity.
+    pub(crate) tag: u64,
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    /// Set by the broker on a delivery it handed out before.
+    pub(crate) redelivered: bool,
+    pub(crate) properties: BasicProperties,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Delivery {
+    /// The AMQP `message_id`, or "" (for logs; the envelope is the identity).
+    pub(crate) fn message_id(&self) -> &str {
+        self.properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str())
+            .unwrap_or_default()
+    }
+}
+
+impl From<lapin::message::Delivery> for Delivery {
+    fn from(d: lapin::message::Delivery) -> Self {
+        Self {
+            tag: d.delivery_tag,
+            exchange: d.exchange.to_string(),
+            routing_key: d.routing_key.to_string(),
+            redelivered: d.redelivered,
+            properties: d.properties,
+            body: d.data,
+        }
+    }
+}
+
+/// What the pipeline needs from the broker to settle a delivery.
+pub(crate) trait Port: Send + Sync {
+    /// Acks the delivery `tag` (and, with `multiple`, every earlier one).
+    fn ack(&self, tag: u64, multiple: bool) -> BoxFuture<'_, Result<(), BrokerError>>;
+
+    /// Hands the delivery `tag` back to the broker for redelivery.
+    fn requeue(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>>;
+
+    /// Publishes a copy to `queue` through the default exchange, `mandatory`,
+    /// and returns once the broker confirmed it.
+    fn publish<'a>(
+        &'a self,
+        queue: &'a str,
+        body: &'a [u8],
+        properties: BasicProperties,
+    ) -> BoxFuture<'a, Result<(), BrokerError>>;
+
+    /// The largest frame the connection negotiated: the bound for headers.
+    fn frame_max(&self) -> usize;
+}
+
+/// The port on a live session: acks on the consuming channel, copies through
+/// the session's publisher (a connection of its own).
+pub(crate) struct Amqp {
+    channel: Channel,
+    publisher: Arc<Publisher>,
+}
+
+impl Port for Amqp {
+    fn ack(&self, tag: u64, multiple: bool) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(deadline(
+            "basic.ack",
+            self.channel.basic_ack(tag, BasicAckOptions { multiple }),
+        ))
+    }
+
+    fn requeue(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(deadline(
+            "basic.nack",
+            self.channel.basic_nack(
+                tag,
+                BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                },
+            ),
+        ))
+    }
+
+    fn publish<'a>(
+        &'a self,
+        queue: &'a str,
+        body: &'a [u8],
+        properties: BasicProperties,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(self.publisher.publish_raw("", queue, body, properties))
+    }
+
+    fn frame_max(&self) -> usize {
+        self.publisher.frame_max()
+    }
+}
+
+/// A consumer subscription: the channel with its prefetch, and the stream of
+/// deliveries.
+pub(crate) struct Subscription {
+    channel: Channel,
+    tag: String,
+    deliveries: lapin::Consumer,
+}
+
+impl Subscription {
+    /// Opens a channel on `connection` with `prefetch` and subscribes to `queue`
+    /// as `tag`.
+    pub(crate) async fn open(
+        connection: &Connection,
+        queue: &str,
+        prefetch: u16,
+        tag: &str,
+    ) -> Result<Self, BrokerError> {
+        let channel = deadline("opening a channel", connection.create_channel()).await?;
+        deadline(
+            "basic.qos",
+            channel.basic_qos(prefetch, BasicQosOptions::default()),
+        )
+        .await?;
+        let deliveries = deadline(
+            "basic.consume",
+            channel.basic_consume(
+                short("queue name", queue)?,
+                short("consumer tag", tag)?,
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        Ok(Self {
+            channel,
+            tag: tag.to_owned(),
+            deliveries,
+        })
+    }
+
+    /// The next delivery; `None` when the broker ended the subscription (the
+    /// queue was deleted, the channel or connection closed).
+    pub(crate) async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
+        Some(
+            self.deliveries
+                .next()
+                .await?
+                .map(Delivery::from)
+                .map_err(BrokerError::from),
+        )
+    }
+
+    /// The port that settles this subscription's deliveries.
+    pub(crate) fn port(&self, publisher: Arc<Publisher>) -> Arc<Amqp> {
+        Arc::new(Amqp {
+            channel: self.channel.clone(),
+            publisher,
+        })
+    }
+
+    /// Stops the flow: nothing new is delivered; what is in flight can still be
+    /// acked. Bounded, since a broker going away may never answer.
+    pub(crate) async fn cancel(&self) {
+        if self.channel.status().connected() {
+            let cancel = self
+                .channel
+                .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default());
+            let _ = deadline("basic.cancel", cancel).await;
+        }
+    }
+
+    /// Closes the channel; unacked deliveries return to the queue.
+    pub(crate) async fn close(&self) {
+        close_channel(&self.channel, "shutdown").await;
+    }
+}

@@ -1,0 +1,318 @@
+//! A consumer's configuration: its queue and the topology around it, prefetch and
+//! concurrency, retries, deadlines; checked in one place.
+
+use std::time::Duration;
+
+use crate::Error;
+use crate::envelope::DEFAULT_MAX_BODY_BYTES;
+use crate::retry::RetryPolicy;
+use crate::tls::TlsOptions;
+use crate::topology::{QueueLayout, QueueType, Topology, dead_letter_queue_name, retry_queue_name};
+
+/// Default number of unacknowledged deliveries the broker may push to one consumer.
+pub const DEFAULT_PREFETCH: u16 = 32;
+/// Default number of messages processed at once.
+pub const DEFAULT_CONCURRENCY: usize = 8;
+/// Default time in-flight messages get to finish after shutdown is requested.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default wait before returning a delivery whose outcome could not be recorded
+/// (retry or dead-letter queue unreachable), so that nothing spins hot.
+pub const DEFAULT_FAILURE_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Everything that defines one consumer. Build with [`ConsumerConfig::new`] and the
+/// `with_`/`bind` methods; [`validate`](Self::validate) runs at start.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The consumer's name: its deduplication boundary in the inbox. Two consumers
+    /// with different names each apply a message once.
+    pub name: String,
+    /// The queue consumed from.
+    pub queue: String,
+    /// The topic exchange the queue is bound to, if any.
+    pub exchange: Option<String>,
+    /// Binding keys from the exchange to the queue.
+    pub binding_keys: Vec<String>,
+    /// Queue type of the main and dead-letter queues.
+    pub queue_type: QueueType,
+    /// Broker prefetch (unacknowledged deliveries in flight to this consumer).
+    pub prefetch: u16,
+    /// Messages processed at once.
+    pub concurrency: usize,
+    /// Largest accepted body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long in-flight messages may take to finish after shutdown is requested.
+    pub shutdown_timeout: Duration,
+    /// Delay tiers, attempt limit and poison limit.
+    pub retry: RetryPolicy,
+    /// Wait before a delivery is returned when its outcome could not be recorded.
+    pub failure_backoff: Duration,
+    /// How often queue depth and consumer counts are read for the metrics.
+    pub queue_metrics_interval: Duration,
+    /// The broker's `consumer_timeout` (RabbitMQ's default is 30 minutes): a
+    /// delivery unacked for that long makes the broker close the channel.
+    pub consumer_timeout: Duration,
+    /// Share of `consumer_timeout` after which a still-running handler is logged
+    /// as a warning (default 0.5).
+    pub timeout_warning_share: f64,
+    /// How `amqps://` connections verify the broker and authenticate (a private
+    /// CA, a client certificate). Ignored by `amqp://` URLs, unless set: then the
+    /// connect fails rather than run unencrypted.
+    pub tls: TlsOptions,
+}
+
+impl ConsumerConfig {
+    /// A consumer named `name` on `queue`, with the defaults: quorum queues,
+    /// prefetch 32, concurrency 8, 1 MiB bodies, 30 s shutdown deadline.
+    pub fn new(name: impl Into<String>, queue: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            queue: queue.into(),
+            exchange: None,
+            binding_keys: Vec::new(),
+            queue_type: QueueType::default(),
+            prefetch: DEFAULT_PREFETCH,
+            concurrency: DEFAULT_CONCURRENCY,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            retry: RetryPolicy::default(),
+            failure_backoff: DEFAULT_FAILURE_BACKOFF,
+            queue_metrics_interval: Duration::from_secs(15),
+            consumer_timeout: Duration::from_secs(30 * 60),
+            timeout_warning_share: 0.5,
+            tls: TlsOptions::default(),
+        }
+    }
+
+    /// Binds the queue to the topic exchange `exchange` with each of `keys`.
+    pub fn bind<I, K>(mut self, exchange: impl Into<String>, keys: I) -> Self
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        self.exchange = Some(exchange.into());
+        self.binding_keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the queue type.
+    pub fn with_queue_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// Sets the prefetch.
+    pub fn with_prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Sets the concurrency.
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// Sets the body size limit.
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    /// Sets the shutdown deadline.
+    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the backoff used when an outcome cannot be recorded.
+    pub fn with_failure_backoff(mut self, delay: Duration) -> Self {
+        self.failure_backoff = delay;
+        self
+    }
+
+    /// Sets the broker's consumer timeout, for the long-handler warning.
+    pub fn with_consumer_timeout(mut self, timeout: Duration) -> Self {
+        self.consumer_timeout = timeout;
+        self
+    }
+
+    /// Sets how often queue metrics are read.
+    pub fn with_queue_metrics_interval(mut self, interval: Duration) -> Self {
+        self.queue_metrics_interval = interval;
+        self
+    }
+
+    /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The dead-letter queue's name.
+    pub fn dead_letter_queue(&self) -> String {
+        dead_letter_queue_name(&self.queue)
+    }
+
+    /// The retry queue's name for a tier.
+    pub fn retry_queue(&self, delay: Duration) -> String {
+        retry_queue_name(&self.queue, delay)
+    }
+
+    /// Checks every setting; the error names the setting and what is allowed.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |msg: String| Err(Error::Config(msg));
+        if self.name.trim().is_empty() || self.name.len() > 200 {
+            return fail(format!(
+                "consumer name must be 1 to 200 bytes, got {} bytes",
+                self.name.len()
+            ));
+        }
+        if self.name.chars().any(char::is_control) || self.queue.chars().any(char::is_control) {
+            return fail("consumer and queue names must not contain control characters".into());
+        }
+        if self.queue.trim().is_empty() || self.queue.len() > 200 {
+            return fail(format!(
+                "queue name must be 1 to 200 characters, got {:?}",
+                self.queue
+            ));
+        }
+        if self.exchange.is_some() && self.binding_keys.is_empty() {
+            return fail("an exchange needs at least one binding key".into());
+        }
+        if self.prefetch == 0 {
+            return fail("prefetch must be at least 1 (0 would mean unlimited)".into());
+        }
+        if self.concurrency == 0 {
+            return fail("concurrency must be at least 1".into());
+        }
+        if self.concurrency > usize::from(self.prefetch) {
+            return fail(format!(
+                "concurrency ({}) must not exceed prefetch ({}): workers beyond the prefetch never get a message",
+                self.concurrency, self.prefetch
+            ));
+        }
+        self.retry.validate().map_err(Error::Config)?;
+        if !(self.timeout_warning_share > 0.0 && self.timeout_warning_share <= 1.0) {
+            return fail(format!(
+                "timeout warning share must be above 0 and at most 1, got {}",
+                self.timeout_warning_share
+            ));
+        }
+        if self.queue_metrics_interval.is_zero() {
+            return fail("queue metrics interval must be above zero".into());
+        }
+        if self.max_body_bytes == 0 {
+            return fail("max body size must be at least 1 byte".into());
+        }
+        Ok(())
+    }
+}
+
+impl ConsumerConfig {
+    /// The queue-level facts the topology is derived from.
+    pub fn layout(&self) -> QueueLayout {
+        QueueLayout {
+            queue: self.queue.clone(),
+            exchange: self.exchange.clone(),
+            binding_keys: self.binding_keys.clone(),
+            queue_type: self.queue_type,
+            tiers: self.retry.tiers().to_vec(),
+            poison_limit: self.retry.poison_limit(),
+        }
+    }
+}
+
+impl Topology {
+    /// The topology of one consumer: [`Topology::for_queue`] of its
+    /// [`layout`](ConsumerConfig::layout).
+    pub fn for_consumer(config: &ConsumerConfig) -> Self {
+        Topology::for_queue(&config.layout())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{ArgValue, BindingSpec, QueueSpec, UNBOUNDED_DELIVERY_LIMIT};
+
+    fn arg(q: &QueueSpec, name: &str) -> ArgValue {
+        q.arguments[name].clone()
+    }
+
+    fn s(v: &str) -> ArgValue {
+        ArgValue::Str(v.into())
+    }
+
+    #[test]
+    fn consumer_topology_has_exchange_queue_binding_tiers_and_dead_letter_queue() {
+        let config = ConsumerConfig::new("billing", "p.invoice-paid")
+            .bind("p.events", ["billing.invoice-paid.*"]);
+        let t = Topology::for_consumer(&config);
+        assert_eq!(t.exchanges.len(), 1);
+        assert_eq!(t.exchanges[0].name, "p.events");
+        assert_eq!(
+            t.queue_names().collect::<Vec<_>>(),
+            [
+                "p.invoice-paid",
+                "p.invoice-paid.retry.5s",
+                "p.invoice-paid.retry.30s",
+                "p.invoice-paid.retry.2m",
+                "p.invoice-paid.retry.10m",
+                "p.invoice-paid.retry.30m",
+                "p.invoice-paid.dead-letter"
+            ]
+        );
+        let main = &t.queues[0];
+        assert_eq!(arg(main, "x-delivery-limit"), ArgValue::Int(10));
+        assert_eq!(
+            arg(main, "x-dead-letter-routing-key"),
+            s("p.invoice-paid.dead-letter")
+        );
+        assert_eq!(arg(main, "x-overflow"), s("reject-publish"));
+        let tier = &t.queues[1];
+        assert_eq!(arg(tier, "x-message-ttl"), ArgValue::Int(5000));
+        assert_eq!(arg(tier, "x-dead-letter-exchange"), s(""));
+        assert_eq!(arg(tier, "x-dead-letter-routing-key"), s("p.invoice-paid"));
+        assert_eq!(arg(tier, "x-dead-letter-strategy"), s("at-least-once"));
+        assert_eq!(
+            t.bindings,
+            [BindingSpec {
+                exchange: "p.events".into(),
+                queue: "p.invoice-paid".into(),
+                routing_key: "billing.invoice-paid.*".into()
+            }]
+        );
+        assert_eq!(arg(main, "x-queue-type"), s("quorum"));
+        for q in &t.queues[1..] {
+            assert_eq!(
+                arg(q, "x-delivery-limit"),
+                ArgValue::Int(UNBOUNDED_DELIVERY_LIMIT),
+                "{} has an explicit limit",
+                q.name
+            );
+        }
+    }
+
+    #[test]
+    fn classic_queues_have_no_quorum_only_arguments() {
+        let config = ConsumerConfig::new("c", "q").with_queue_type(QueueType::Classic);
+        let t = Topology::for_consumer(&config);
+        for q in &t.queues {
+            assert_eq!(arg(q, "x-queue-type"), s("classic"));
+            for quorum_only in ["x-delivery-limit", "x-dead-letter-strategy", "x-overflow"] {
+                assert!(
+                    !q.arguments.contains_key(quorum_only),
+                    "{} has {quorum_only}",
+                    q.name
+                );
+            }
+        }
+        assert_eq!(arg(&t.queues[1], "x-dead-letter-routing-key"), s("q"));
+    }
+}

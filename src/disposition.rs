@@ -1,0 +1,274 @@
+//! What a delivery's outcome means: a pure decision from what happened in the
+//! transaction, the message's history and the retry policy, to what to tell the
+//! broker. Carrying it out is the pipeline's `settle`, a separate step.
+
+use std::time::Duration;
+
+use crate::failure::{DeadLetterReason, HandlerError};
+use crate::retry::{RetryDecision, RetryPolicy};
+use crate::store::{StoreError, is_connection_error, is_permanent_data_error};
+
+/// What the transaction did when it committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// The claim was new; the handler's work committed with it.
+    Committed,
+    /// The message id was already claimed: a duplicate, handler not run.
+    Duplicate,
+}
+
+/// Why the transaction did not commit.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The handler returned an error.
+    Handler(HandlerError),
+    /// The handler panicked; the text is the panic's.
+    Panic(String),
+    /// One of warren's own statements (begin, claim, commit) failed.
+    Store(StoreError),
+    /// The handler returned success, but an earlier statement had aborted the
+    /// transaction (it ignored a database error).
+    Aborted(StoreError),
+}
+
+/// What to tell the broker about a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Disposition {
+    /// Ack: the outcome is recorded in the database.
+    Ack(Applied),
+    /// Send a copy to the retry tier of `delay`, then ack.
+    Retry {
+        /// The tier.
+        delay: Duration,
+        /// The attempt that failed (1-based).
+        attempt: u32,
+        /// Why, for the copy's headers and the log.
+        error: String,
+    },
+    /// Send a copy to the dead-letter queue, then ack.
+    DeadLetter {
+        /// The reason it is filed under.
+        reason: DeadLetterReason,
+        /// The error text.
+        error: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The database is unreachable: put the message back without using an
+    /// attempt, and pause intake until the database answers.
+    Return {
+        /// Why, for the log.
+        error: String,
+    },
+}
+
+impl Disposition {
+    /// A dead letter for a reason found before any transaction (validation,
+    /// routing, poison).
+    pub(crate) fn dead_letter(reason: DeadLetterReason, error: String, attempts: u32) -> Self {
+        Disposition::DeadLetter {
+            reason,
+            error,
+            attempts,
+        }
+    }
+}
+
+/// Decides what `applied` means for attempt number `attempt` (1-based) under
+/// `policy`. Pure: no I/O, no clock.
+pub(crate) fn decide(
+    applied: Result<Applied, Failure>,
+    attempt: u32,
+    policy: &RetryPolicy,
+) -> Disposition {
+    let (error, retry_after) = match applied {
+        Ok(applied) => return Disposition::Ack(applied),
+        Err(Failure::Handler(HandlerError::Permanent { error })) => {
+            return Disposition::dead_letter(
+                DeadLetterReason::Permanent,
+                error.to_string(),
+                attempt,
+            );
+        }
+        // The database refused the data itself: every retry would fail alike.
+        Err(Failure::Handler(e)) if database_error_in(e.error(), is_permanent_data_error) => {
+            return refused(e.error(), attempt);
+        }
+        Err(Failure::Store(e)) if e.is_permanent_data_error() => return refused(&e, attempt),
+        // The database is down or restarting: no fault of the message, so it
+        // costs no attempt.
+        Err(Failure::Handler(e)) if database_error_in(e.error(), is_connection_error) => {
+            return Disposition::Return {
+                error: e.to_string(),
+            };
+        }
+        Err(Failure::Store(e)) if e.is_connection_error() => {
+            return Disposition::Return {
+                error: e.to_string(),
+            };
+        }
+        Err(Failure::Handler(e)) => (e.error().to_string(), e.retry_after_hint()),
+        Err(Failure::Panic(text)) => (format!("handler panicked: {text}"), None),
+        Err(Failure::Aborted(e)) => (
+            format!(
+                "the handler returned success, but an earlier statement had aborted its transaction \
+                 (did it ignore a database error?): {e}"
+            ),
+            None,
+        ),
+        // Any other store error (a constraint checked at commit, a serialization
+        // failure) is transient, with bounded attempts.
+        Err(Failure::Store(e)) => (e.to_string(), None),
+    };
+    match policy.decide(attempt, retry_after) {
+        RetryDecision::Retry { delay, attempt } => Disposition::Retry {
+            delay,
+            attempt,
+            error,
+        },
+        RetryDecision::Exhausted { attempts } => Disposition::DeadLetter {
+            reason: DeadLetterReason::RetriesExhausted,
+            error,
+            attempts,
+        },
+    }
+}
+
+fn refused(error: &dyn std::fmt::Display, attempts: u32) -> Disposition {
+    Disposition::dead_letter(
+        DeadLetterReason::Permanent,
+        format!("the database refused the data: {error}"),
+        attempts,
+    )
+}
+
+/// Asks `test` of the first database error in `error`'s chain (a handler may
+/// wrap it); false if there is none.
+fn database_error_in(
+    error: &(dyn std::error::Error + 'static),
+    test: fn(&sqlx::Error) -> bool,
+) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = current {
+        if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
+            return test(sqlx_error);
+        }
+        if let Some(StoreError::Database(sqlx_error)) = e.downcast_ref::<StoreError>() {
+            return test(sqlx_error);
+        }
+        current = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::new([100 * MS, 200 * MS]).with_max_attempts(3)
+    }
+
+    fn outage() -> StoreError {
+        StoreError::Database(sqlx::Error::PoolTimedOut)
+    }
+
+    #[test]
+    fn committed_and_duplicates_are_acked() {
+        for applied in [Applied::Committed, Applied::Duplicate] {
+            assert_eq!(decide(Ok(applied), 1, &policy()), Disposition::Ack(applied));
+        }
+    }
+
+    #[test]
+    fn permanent_failures_are_dead_lettered_at_once() {
+        let d = decide(
+            Err(Failure::Handler(HandlerError::permanent("never"))),
+            1,
+            &policy(),
+        );
+        assert_eq!(
+            d,
+            Disposition::dead_letter(DeadLetterReason::Permanent, "never".into(), 1)
+        );
+    }
+
+    #[test]
+    fn transient_failures_climb_the_tiers_then_are_exhausted() {
+        let failed = || Err(Failure::Handler(HandlerError::transient("later")));
+        assert!(matches!(
+            decide(failed(), 1, &policy()),
+            Disposition::Retry { delay, attempt: 1, .. } if delay == 100 * MS
+        ));
+        assert!(matches!(
+            decide(failed(), 2, &policy()),
+            Disposition::Retry { delay, attempt: 2, .. } if delay == 200 * MS
+        ));
+        assert_eq!(
+            decide(failed(), 3, &policy()),
+            Disposition::DeadLetter {
+                reason: DeadLetterReason::RetriesExhausted,
+                error: "later".into(),
+                attempts: 3
+            }
+        );
+        assert!(
+            matches!(
+                decide(failed(), u32::MAX, &policy()),
+                Disposition::DeadLetter {
+                    reason: DeadLetterReason::RetriesExhausted,
+                    ..
+                }
+            ),
+            "a count at the top of the range is exhausted, never wrapped"
+        );
+    }
+
+    #[test]
+    fn retry_after_picks_a_long_enough_tier() {
+        let failed = Err(Failure::Handler(
+            HandlerError::transient("rate limited").retry_after(150 * MS),
+        ));
+        assert!(matches!(
+            decide(failed, 1, &policy()),
+            Disposition::Retry { delay, .. } if delay == 200 * MS
+        ));
+    }
+
+    #[test]
+    fn panics_and_aborted_transactions_are_transient() {
+        assert!(matches!(
+            decide(Err(Failure::Panic("boom".into())), 1, &policy()),
+            Disposition::Retry { error, .. } if error.contains("boom")
+        ));
+        assert!(matches!(
+            decide(Err(Failure::Aborted(StoreError::Config("x".into()))), 1, &policy()),
+            Disposition::Retry { error, .. } if error.contains("ignore a database error")
+        ));
+    }
+
+    #[test]
+    fn database_outages_return_the_message_without_an_attempt() {
+        assert!(matches!(
+            decide(Err(Failure::Store(outage())), 1, &policy()),
+            Disposition::Return { .. }
+        ));
+        // A handler that `?`-ed a lost connection: the error is in its chain.
+        let handler = HandlerError::transient(outage());
+        assert!(matches!(
+            decide(Err(Failure::Handler(handler)), 3, &policy()),
+            Disposition::Return { .. }
+        ));
+    }
+
+    #[test]
+    fn other_store_errors_use_up_attempts() {
+        let other = StoreError::Config("constraint at commit".into());
+        assert!(matches!(
+            decide(Err(Failure::Store(other)), 1, &policy()),
+            Disposition::Retry { attempt: 1, .. }
+        ));
+    }
+}

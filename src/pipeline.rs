@@ -1,0 +1,385 @@
+//! The rule every delivery follows, in one place:
+//!
+//! ```text
+//! deliver -> validate -> BEGIN; claim inbox; handler; outbox rows; COMMIT -> ack
+//! ```
+//!
+//! [`Pipeline::run`] reads as that rule for a batch of deliveries, each isolated:
+//! validate and route (pure), the poison check, apply (the transaction), decide
+//! (pure, in `disposition`), settle (tell the broker, through a [`Port`]). Only
+//! `settle` speaks to the broker, and it acks only what `apply` committed or
+//! found already committed.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+
+use crate::amqp::header_int;
+use crate::broker::{Delivery, Port};
+use crate::config::ConsumerConfig;
+use crate::disposition::{Applied, Disposition, Failure, decide};
+use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
+use crate::failpoint;
+use crate::failure::DeadLetterReason;
+use crate::handler::BoundCall;
+use crate::headers::{HEADER_ATTEMPT, Signer};
+use crate::registry::Registry;
+use crate::store::{InboxEntry, Store};
+use crate::telemetry::{MessageFields, Outcome, Telemetry};
+
+/// Everything one consumer applies deliveries with.
+pub(crate) struct Pipeline<S: Store> {
+    pub(crate) config: ConsumerConfig,
+    pub(crate) store: S,
+    pub(crate) registry: Registry<S::Db>,
+    pub(crate) telemetry: Telemetry,
+    /// Signs warren's headers on copies and verifies them on deliveries; the key
+    /// comes from the store, loaded once at start.
+    pub(crate) signer: OnceLock<Signer>,
+}
+
+/// A delivery that passed validation and routing, bound to its handler.
+struct Prepared<DB: sqlx::Database> {
+    meta: Metadata,
+    call: Box<dyn BoundCall<DB>>,
+}
+
+impl<S: Store> Pipeline<S> {
+    /// Applies a batch of deliveries, each in its own transaction and settled on
+    /// its own: one failing message never affects another.
+    pub(crate) async fn run(&self, port: &dyn Port, batch: Vec<Delivery>) {
+        for delivery in batch {
+            self.run_one(port, delivery).await;
+        }
+    }
+
+    /// The rule, for one delivery.
+    async fn run_one(&self, port: &dyn Port, mut delivery: Delivery) {
+        let started = Instant::now();
+        let received_at = Utc::now();
+        // From here on, only headers warren signed count as warren's; forged
+        // ones travel on, set apart, and decide nothing.
+        delivery.properties = self.signer().trusted(&delivery.properties);
+        let history = History::of(&delivery);
+        self.telemetry.in_flight(1.0);
+        self.record_age(&delivery, received_at);
+
+        let prepared = self.prepare(&delivery, history.attempt());
+        let (disposition, meta) = match prepared {
+            Err(invalid) => (
+                Disposition::dead_letter(invalid.reason, invalid.detail, 1),
+                None,
+            ),
+            Ok(Prepared { meta, call }) => {
+                let disposition = match self.poison_check(&delivery, &meta).await {
+                    Some(deliveries) => Disposition::dead_letter(
+                        DeadLetterReason::Poison,
+                        format!(
+                            "delivered {deliveries} times without an outcome being recorded; \
+                             the process probably died handling it"
+                        ),
+                        history.attempt(),
+                    ),
+                    None => {
+                        let entry = inbox_entry(&self.config.name, &meta, received_at);
+                        let applied = self
+                            .watch_duration(
+                                &meta.message_id,
+                                self.apply(call, &meta, &entry, delivery.redelivered),
+                            )
+                            .await;
+                        decide(applied, history.attempt(), &self.config.retry)
+                    }
+                };
+                (disposition, Some(meta))
+            }
+        };
+        let outcome = self.settle(port, &delivery, disposition).await;
+
+        // A redelivery count written before the handler ran belongs to this
+        // copy's crash history; once the message moved on (retry tier, dead
+        // letter) that history is over. The applied path cleared it in its own
+        // transaction.
+        if let Some(meta) = &meta
+            && delivery.redelivered
+            && matches!(outcome, Outcome::Retried | Outcome::DeadLettered(_))
+        {
+            self.forget_redeliveries(&meta.message_id).await;
+        }
+        self.record(outcome, &delivery, &history, meta.as_ref(), started);
+    }
+
+    /// Validates the delivery and binds it to its handler. No database, no broker.
+    fn prepare(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+    ) -> Result<Prepared<S::Db>, InvalidMessage> {
+        let props = &delivery.properties;
+        let envelope = Envelope::parse(
+            Incoming {
+                message_id: props.message_id().as_ref().map(|s| s.as_str()),
+                content_type: props.content_type().as_ref().map(|s| s.as_str()),
+                content_encoding: props.content_encoding().as_ref().map(|s| s.as_str()),
+                body: &delivery.body,
+            },
+            self.config.max_body_bytes,
+        )?;
+        let handler = self
+            .registry
+            .lookup(&envelope.meta.event_type, envelope.meta.schema_version)
+            .map_err(|(reason, detail)| InvalidMessage::new(reason, detail))?;
+        let call = handler
+            .bind(
+                envelope.payload(),
+                envelope.meta.clone(),
+                delivery.redelivered,
+                attempt,
+            )
+            .map_err(|e| {
+                InvalidMessage::new(
+                    DeadLetterReason::InvalidPayload,
+                    format!(
+                        "payload does not match {} v{}: {e}",
+                        envelope.meta.event_type, envelope.meta.schema_version
+                    ),
+                )
+            })?;
+        Ok(Prepared {
+            meta: envelope.meta,
+            call,
+        })
+    }
+
+    /// `Some(deliveries)` if the message has been handed out so often without any
+    /// outcome that it must be killing the process: poison.
+    ///
+    /// The count is warren's own, kept in the database, on every queue type: a
+    /// broker's delivery-count header can be set by a producer on a first
+    /// delivery (RabbitMQ 3.x passes it through), so no header decides this.
+    async fn poison_check(&self, delivery: &Delivery, meta: &Metadata) -> Option<u32> {
+        // Only a redelivery can be part of a crash loop; warren's own returns to
+        // the queue are fresh copies, so they are not counted.
+        if !delivery.redelivered {
+            return None;
+        }
+        let deliveries = match self
+            .store
+            .record_redelivery(&self.config.name, &meta.message_id)
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                // Without the count this delivery proceeds; the next one is
+                // counted again.
+                self.telemetry
+                    .bookkeeping_error("record_redelivery", &meta.message_id, &e);
+                0
+            }
+        };
+        (deliveries >= self.config.retry.poison_limit()).then_some(deliveries)
+    }
+
+    /// The transaction: claim, handle, commit.
+    async fn apply(
+        &self,
+        call: Box<dyn BoundCall<S::Db>>,
+        meta: &Metadata,
+        entry: &InboxEntry<'_>,
+        forget_redeliveries: bool,
+    ) -> Result<Applied, Failure> {
+        let mut tx = self.store.begin().await.map_err(Failure::Store)?;
+        tx.set_cause(meta.clone());
+        // The insert is the claim: a copy in flight elsewhere blocks here until the
+        // first commits, then finds the row and backs off.
+        let claimed = self
+            .store
+            .claim(&mut tx, entry)
+            .await
+            .map_err(Failure::Store)?;
+        if forget_redeliveries {
+            self.store
+                .clear_redeliveries(Some(&mut tx), entry.consumer_name, entry.message_id)
+                .await
+                .map_err(Failure::Store)?;
+        }
+        if !claimed {
+            // Commit rather than roll back only when there is a redelivery count
+            // to forget; otherwise nothing was written.
+            if forget_redeliveries {
+                tx.commit().await.map_err(Failure::Store)?;
+            } else {
+                let _ = tx.rollback().await;
+            }
+            return Ok(Applied::Duplicate);
+        }
+        match AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await {
+            Ok(Ok(())) => {
+                if let Err(e) = self.store.check_before_commit(&mut tx).await {
+                    let _ = tx.rollback().await;
+                    return Err(if e.is_connection_error() {
+                        Failure::Store(e)
+                    } else {
+                        Failure::Aborted(e)
+                    });
+                }
+                let enqueued = tx.enqueued();
+                failpoint::hit("before-commit");
+                tx.commit().await.map_err(Failure::Store)?;
+                if enqueued > 0 {
+                    self.store.wakeups().wake();
+                }
+                failpoint::hit("after-commit-before-ack");
+                Ok(Applied::Committed)
+            }
+            Ok(Err(e)) => {
+                let _ = tx.rollback().await;
+                Err(Failure::Handler(e))
+            }
+            Err(panic) => {
+                // The transaction may be mid-statement; dropping it rolls it back.
+                drop(tx);
+                self.telemetry.panic();
+                Err(Failure::Panic(panic_message(&*panic)))
+            }
+        }
+    }
+
+    fn signer(&self) -> &Signer {
+        self.signer
+            .get()
+            .expect("the signing key is loaded before any delivery is taken")
+    }
+
+    /// Drops the redelivery count of a message that moved on. A count left
+    /// behind is harmless for the message (it is not delivered again), but is
+    /// logged and counted: a store that keeps failing here needs looking at.
+    async fn forget_redeliveries(&self, message_id: &str) {
+        if let Err(e) = self
+            .store
+            .clear_redeliveries(None, &self.config.name, message_id)
+            .await
+        {
+            self.telemetry
+                .bookkeeping_error("clear_redeliveries", message_id, &e);
+        }
+    }
+
+    /// Runs `work`, warning once if it takes longer than the configured share of
+    /// the broker's consumer timeout: past the timeout itself the broker closes
+    /// the channel and the message is redelivered, however well the handler ends.
+    async fn watch_duration<T>(&self, message_id: &str, work: impl Future<Output = T>) -> T {
+        let warn_after = self
+            .config
+            .consumer_timeout
+            .mul_f64(self.config.timeout_warning_share);
+        let mut work = std::pin::pin!(work);
+        tokio::select! {
+            out = &mut work => out,
+            () = tokio::time::sleep(warn_after) => {
+                self.telemetry.slow_handler();
+                tracing::warn!(
+                    message_id,
+                    running_for = ?warn_after,
+                    consumer_timeout = ?self.config.consumer_timeout,
+                    "handler is still running; if it outlasts the broker's consumer_timeout the channel is closed and the message redelivered"
+                );
+                work.await
+            }
+        }
+    }
+
+    /// Freshness: how long the message waited before reaching a handler.
+    fn record_age(&self, delivery: &Delivery, received_at: DateTime<Utc>) {
+        if let Some(sent) = *delivery.properties.timestamp() {
+            let age = received_at.timestamp() - i64::try_from(sent).unwrap_or(i64::MAX);
+            self.telemetry.message_age(age.max(0) as f64);
+        }
+    }
+
+    fn record(
+        &self,
+        outcome: Outcome,
+        delivery: &Delivery,
+        history: &History,
+        meta: Option<&Metadata>,
+        started: Instant,
+    ) {
+        let fields = match meta {
+            Some(m) => MessageFields {
+                message_id: &m.message_id,
+                event_type: &m.event_type,
+                correlation_id: &m.correlation_id,
+                causation_id: m.causation_id.as_deref().unwrap_or_default(),
+                redelivered: delivery.redelivered,
+                retry_attempt: history.failed_attempts,
+            },
+            None => MessageFields {
+                message_id: delivery.message_id(),
+                redelivered: delivery.redelivered,
+                retry_attempt: history.failed_attempts,
+                ..MessageFields::default()
+            },
+        };
+        self.telemetry.record(outcome, &fields, started.elapsed());
+        self.telemetry.in_flight(-1.0);
+    }
+}
+
+fn inbox_entry<'a>(
+    consumer_name: &'a str,
+    meta: &'a Metadata,
+    received_at: DateTime<Utc>,
+) -> InboxEntry<'a> {
+    InboxEntry {
+        consumer_name,
+        message_id: &meta.message_id,
+        event_type: &meta.event_type,
+        correlation_id: Some(&meta.correlation_id),
+        received_at,
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "handler panicked".to_owned()
+    }
+}
+
+/// How a delivery's earlier life reads from its (verified) headers.
+struct History {
+    /// Failed attempts before this one (`x-warren-attempt`, believed only under
+    /// warren's signature).
+    failed_attempts: u32,
+}
+
+impl History {
+    fn of(delivery: &Delivery) -> Self {
+        let attempts = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| header_int(h, HEADER_ATTEMPT))
+            .unwrap_or(0);
+        Self {
+            failed_attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The number of the attempt now starting.
+    fn attempt(&self) -> u32 {
+        self.failed_attempts.saturating_add(1)
+    }
+}
+
+mod settle;
+#[cfg(test)]
+mod tests;
