@@ -42,16 +42,20 @@
 //! - `idempotency`: stable keys for external calls ([`idempotency_key`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
-//! - `chaos`: fault injection into a fleet of processes, invariant reports (feature `chaos`).
 //!
 //! The guide below is the README; its examples compile as doc-tests.
 #![doc = ""]
 #![doc = include_str!("../README.md")]
+// A build without a store serves tools that need only warren's names and types
+// (warren-chaos needs the crash points); the shared store plumbing has no user
+// there, and gating each piece would scatter cfgs over code that changes often.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(dead_code, unused)
+)]
 
 mod amqp;
 mod broker;
-#[cfg(feature = "chaos")]
-pub mod chaos;
 mod config;
 mod consumer;
 mod database_url;

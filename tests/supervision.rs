@@ -1,5 +1,6 @@
 //! What operators see and what survives their actions: metrics with the right
-//! values, a queue deleted under a running consumer, inbox retention.
+//! values, a queue deleted under a running consumer. Inbox retention is the CLI's
+//! (`crates/warren-cli/tests`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -12,7 +13,6 @@ use crate::util::{Backend, Job, Mode, Running, TestBroker, amqp_url, routes, wai
 on_both_backends!(
     metrics_show_what_happened,
     deleted_queue_is_declared_again_and_consumption_resumes,
-    inbox_purge_refuses_a_short_window_and_deletes_old_rows,
     shutdown_completes_when_the_broker_stops_answering,
     a_handler_nearing_the_consumer_timeout_is_reported,
 );
@@ -229,67 +229,6 @@ async fn deleted_queue_is_declared_again_and_consumption_resumes<B: Backend>() {
     assert!(running.stats.health().is_ready());
     running.stop().await.unwrap();
     assert_eq!(db.effects_for(&after.meta().message_id).await, 1);
-
-    broker.cleanup().await;
-    db.drop_db().await;
-}
-
-async fn inbox_purge_refuses_a_short_window_and_deletes_old_rows<B: Backend>() {
-    let db = B::create().await;
-    let broker = TestBroker::new().await;
-    broker.declare().await;
-    let running = Running::start(Consumer::new(
-        broker.config(),
-        db.store.clone(),
-        routes::<B>(),
-    ));
-    for _ in 0..3 {
-        broker.publish(&TestBroker::message(&Job::ok())).await;
-    }
-    assert!(running.settled(3, Duration::from_secs(30)).await);
-    // The first three rows age past a 1 s window; two more stay young.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    for _ in 0..2 {
-        broker.publish(&TestBroker::message(&Job::ok())).await;
-    }
-    assert!(running.settled(5, Duration::from_secs(30)).await);
-    running.stop().await.unwrap();
-
-    let purge = |extra: &[&str]| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_warren"));
-        cmd.args([
-            "inbox",
-            "--database-url",
-            &db.url,
-            "purge",
-            "--consumer",
-            &broker.name,
-        ]);
-        cmd.args(extra);
-        cmd.output().unwrap()
-    };
-    let refused = purge(&["--older-than", "1s"]);
-    assert_eq!(refused.status.code(), Some(1));
-    let why = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        why.contains("retry horizon") && why.contains("--force"),
-        "{why}"
-    );
-    assert_eq!(
-        db.inbox(&broker.name).await,
-        5,
-        "nothing deleted when refused"
-    );
-
-    let forced = purge(&["--older-than", "1s", "--force"]);
-    let out = String::from_utf8_lossy(&forced.stdout);
-    assert!(
-        forced.status.success(),
-        "{}",
-        String::from_utf8_lossy(&forced.stderr)
-    );
-    assert!(out.contains("deleted 3 inbox row(s)"), "{out}");
-    assert_eq!(db.inbox(&broker.name).await, 2);
 
     broker.cleanup().await;
     db.drop_db().await;

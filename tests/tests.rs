@@ -5,7 +5,6 @@
 #[macro_use]
 mod util;
 
-mod cli;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod failures;

@@ -166,6 +166,8 @@ pub fn reported_attempts(message_id: &str) -> Vec<u32> {
 }
 
 /// Breaks or mends the jobs that name `switch`.
+// Only the CLI's tests (crates/warren-cli/tests, which share this file) call it.
+#[allow(dead_code)]
 pub fn set_broken(switch: &str, broken: bool) {
     let mut set = BROKEN.lock().unwrap();
     if broken {
@@ -204,7 +206,9 @@ pub trait Backend: warren::Dialect {
 pub struct TestDb<B: Backend> {
     pub store: B::S,
     /// A URL another process can open the same database with.
-    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+    // Read only by the crash tests, which need the `failpoints` feature; the CLI's
+    // tests share this file from a package that has no such feature to test for.
+    #[allow(dead_code)]
     pub url: String,
     cleanup: Cleanup,
 }

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren::chaos::{Campaign, Check, FaultMix, Fleet, Report};
 use warren::{DeadLetterQueue, OutboxStore};
+use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
 
 use crate::db::BillingDb;
 use crate::handlers::CONSUMER;

@@ -386,10 +386,10 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                     "--crash-probability is from 0 to 1, got {crash_probability}"
                 ));
             }
-            let mut mix = warren::chaos::FaultMix {
+            let mut mix = warren_chaos::FaultMix {
                 mean_interval: *fault_interval,
                 crash_probability: *crash_probability,
-                ..warren::chaos::FaultMix::default()
+                ..warren_chaos::FaultMix::default()
             };
             if *no_broker_restarts {
                 mix.weights[4] = 0;

@@ -1,5 +1,5 @@
 //! Chaos campaigns: inject faults into a fleet of consumer processes and the
-//! broker, then check invariants. `billing chaos` is built on this module; point
+//! broker, then check invariants. `billing chaos` is built on this crate; point
 //! it at your own service to run the same campaign against it.
 //!
 //! A campaign runs your service as several processes ([`Fleet`]), each started by
@@ -15,7 +15,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), String> {
 //! use std::time::Duration;
-//! use warren::chaos::{Campaign, Check, Fleet, FaultMix, Report};
+//! use warren_chaos::{Campaign, Check, Fleet, FaultMix, Report};
 //!
 //! let mut fleet = Fleet::new(3, |_index| {
 //!     let mut cmd = tokio::process::Command::new("my-service");
@@ -105,7 +105,7 @@ impl Default for FaultMix {
 impl FaultMix {
     /// The `WARREN_FAILPOINTS` value that arms every crash point.
     pub fn failpoints(&self) -> String {
-        crate::failpoint::NAMES
+        warren::failpoint::NAMES
             .iter()
             .map(|n| format!("{n}={}", self.crash_probability))
             .collect::<Vec<_>>()
@@ -213,9 +213,9 @@ impl Fleet {
     /// Starts member `index` (stopping nothing); `failpoints` arms crash points.
     pub async fn start(&mut self, index: usize, failpoints: Option<&str>) -> Result<(), String> {
         let mut cmd = (self.spawn)(index);
-        cmd.env_remove(crate::failpoint::ENV);
+        cmd.env_remove(warren::failpoint::ENV);
         if let Some(spec) = failpoints {
-            cmd.env(crate::failpoint::ENV, spec);
+            cmd.env(warren::failpoint::ENV, spec);
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,5 +1,5 @@
 //! The `warren` CLI against the real broker: replay that survives being killed,
-//! dry runs, listing, purging, and clear errors for bad arguments.
+//! dry runs, listing, purging, inbox retention, and clear errors for bad arguments.
 
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -62,6 +62,7 @@ async fn dead_letter_some<B: Backend>(
 }
 
 on_both_backends!(
+    inbox_purge_refuses_a_short_window_and_deletes_old_rows,
     replay_killed_halfway_loses_nothing_and_applies_once,
     replay_ends_while_the_consumer_dead_letters_the_copies_again,
 );
@@ -520,4 +521,65 @@ async fn absurd_windows_are_errors_not_panics() {
             "{older_than}: {stderr}"
         );
     }
+}
+
+async fn inbox_purge_refuses_a_short_window_and_deletes_old_rows<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    for _ in 0..3 {
+        broker.publish(&TestBroker::message(&Job::ok())).await;
+    }
+    assert!(running.settled(3, Duration::from_secs(30)).await);
+    // The first three rows age past a 1 s window; two more stay young.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..2 {
+        broker.publish(&TestBroker::message(&Job::ok())).await;
+    }
+    assert!(running.settled(5, Duration::from_secs(30)).await);
+    running.stop().await.unwrap();
+
+    let purge = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_warren"));
+        cmd.args([
+            "inbox",
+            "--database-url",
+            &db.url,
+            "purge",
+            "--consumer",
+            &broker.name,
+        ]);
+        cmd.args(extra);
+        cmd.output().unwrap()
+    };
+    let refused = purge(&["--older-than", "1s"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("retry horizon") && why.contains("--force"),
+        "{why}"
+    );
+    assert_eq!(
+        db.inbox(&broker.name).await,
+        5,
+        "nothing deleted when refused"
+    );
+
+    let forced = purge(&["--older-than", "1s", "--force"]);
+    let out = String::from_utf8_lossy(&forced.stdout);
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    assert!(out.contains("deleted 3 inbox row(s)"), "{out}");
+    assert_eq!(db.inbox(&broker.name).await, 2);
+
+    broker.cleanup().await;
+    db.drop_db().await;
 }
