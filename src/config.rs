@@ -7,7 +7,9 @@ use crate::Error;
 use crate::envelope::DEFAULT_MAX_BODY_BYTES;
 use crate::retry::RetryPolicy;
 use crate::tls::TlsOptions;
-use crate::topology::{QueueLayout, QueueType, Topology, dead_letter_queue_name, retry_queue_name};
+use crate::topology::{
+    BindingSpec, QueueLayout, QueueType, Topology, dead_letter_queue_name, retry_queue_name,
+};
 
 /// Default number of unacknowledged deliveries the broker may push to one consumer.
 pub const DEFAULT_PREFETCH: u16 = 32;
@@ -32,6 +34,10 @@ pub struct ConsumerConfig {
     pub exchange: Option<String>,
     /// Binding keys from the exchange to the queue.
     pub binding_keys: Vec<String>,
+    /// Exchanges the handlers publish to through the outbox, declared at start.
+    pub outgoing: Vec<String>,
+    /// Stand-in queues for downstream consumers, declared at start.
+    pub stand_ins: Vec<BindingSpec>,
     /// Queue type of the main and dead-letter queues.
     pub queue_type: QueueType,
     /// Broker prefetch (unacknowledged deliveries in flight to this consumer).
@@ -69,6 +75,8 @@ impl ConsumerConfig {
             queue: queue.into(),
             exchange: None,
             binding_keys: Vec::new(),
+            outgoing: Vec::new(),
+            stand_ins: Vec::new(),
             queue_type: QueueType::default(),
             prefetch: DEFAULT_PREFETCH,
             concurrency: DEFAULT_CONCURRENCY,
@@ -92,6 +100,38 @@ impl ConsumerConfig {
         self.exchange = Some(exchange.into());
         self.binding_keys = keys.into_iter().map(Into::into).collect();
         self
+    }
+
+    /// Declares the topic exchange `exchange` at start, for the events the
+    /// handlers publish there through the outbox. The relay publishes with
+    /// `mandatory`: an event no queue is bound for becomes a failed outbox row,
+    /// so the exchange, and a consumer's queue bound to it, must exist.
+    pub fn publishes_to(mut self, exchange: impl Into<String>) -> Self {
+        let exchange = exchange.into();
+        if !self.outgoing.contains(&exchange) {
+            self.outgoing.push(exchange);
+        }
+        self
+    }
+
+    /// Also declares `queue`, bound to `exchange` with `binding_key`, standing in
+    /// for the downstream consumer of those events on a local or test run: the
+    /// events then have a route and can be counted there. In production, the
+    /// downstream service declares its own queue; leave this out.
+    pub fn with_stand_in_queue(
+        self,
+        exchange: impl Into<String>,
+        queue: impl Into<String>,
+        binding_key: impl Into<String>,
+    ) -> Self {
+        let exchange = exchange.into();
+        let mut config = self.publishes_to(exchange.clone());
+        config.stand_ins.push(BindingSpec {
+            exchange,
+            queue: queue.into(),
+            routing_key: binding_key.into(),
+        });
+        config
     }
 
     /// Sets the queue type.
@@ -224,6 +264,8 @@ impl ConsumerConfig {
             queue_type: self.queue_type,
             tiers: self.retry.tiers().to_vec(),
             poison_limit: self.retry.poison_limit(),
+            outgoing: self.outgoing.clone(),
+            stand_ins: self.stand_ins.clone(),
         }
     }
 }
@@ -239,7 +281,7 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{ArgValue, BindingSpec, QueueSpec, UNBOUNDED_DELIVERY_LIMIT};
+    use crate::topology::{ArgValue, QueueSpec, UNBOUNDED_DELIVERY_LIMIT};
 
     fn arg(q: &QueueSpec, name: &str) -> ArgValue {
         q.arguments[name].clone()
@@ -297,6 +339,23 @@ mod tests {
                 q.name
             );
         }
+    }
+
+    #[test]
+    fn outgoing_exchanges_and_stand_in_queues_are_declared_with_the_consumer() {
+        let config = ConsumerConfig::new("billing", "p.invoice-paid")
+            .bind("p.events", ["billing.invoice-paid.*"])
+            .publishes_to("p.audit")
+            .with_stand_in_queue("p.events", "p.recorded", "billing.recorded.*");
+        let t = Topology::for_consumer(&config);
+        let exchanges: Vec<_> = t.exchanges.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(exchanges, ["p.events", "p.audit"], "each declared once");
+        assert!(t.queue_names().any(|q| q == "p.recorded"));
+        assert!(t.bindings.contains(&BindingSpec {
+            exchange: "p.events".into(),
+            queue: "p.recorded".into(),
+            routing_key: "billing.recorded.*".into(),
+        }));
     }
 
     #[test]

@@ -12,19 +12,20 @@ use sqlx::Database;
 use crate::failure::DeadLetterReason;
 use crate::handler::{ErasedHandler, Handler, Typed};
 
-/// The routing table of a consumer.
+/// The routing table of a consumer. By convention the event type ends in the
+/// schema version (`.v1` for version 1), and is the routing key too.
 ///
 /// ```
 /// # use warren::{HandlerError, Message, Registry, Tx};
-/// # use sqlx::Sqlite;
+/// # use warren::sqlx::Sqlite;
 /// # #[derive(serde::Deserialize)] struct PaidV1 { amount: f64 }
 /// # #[derive(serde::Deserialize)] struct PaidV2 { amount: f64, method: String }
 /// async fn paid_v1(msg: Message<PaidV1>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> { Ok(()) }
 /// async fn paid_v2(msg: Message<PaidV2>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> { Ok(()) }
 ///
 /// let routes = Registry::<Sqlite>::new()
-///     .route("billing.invoice-paid", 1, paid_v1)
-///     .route("billing.invoice-paid", 2, paid_v2);
+///     .route("billing.invoice-paid.v1", 1, paid_v1)
+///     .route("billing.invoice-paid.v2", 2, paid_v2);
 /// assert_eq!(routes.len(), 2);
 /// ```
 pub struct Registry<DB: Database> {

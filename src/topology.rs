@@ -193,6 +193,11 @@ pub struct QueueLayout {
     pub tiers: Vec<Duration>,
     /// The consumer's poison limit; the broker's own delivery limit is twice it.
     pub poison_limit: u32,
+    /// Topic exchanges the consumer's handlers publish to through the outbox.
+    pub outgoing: Vec<String>,
+    /// Queues that stand in for downstream consumers on local runs, each bound
+    /// to an outgoing exchange, so that outbox events have a route.
+    pub stand_ins: Vec<BindingSpec>,
 }
 
 impl Topology {
@@ -213,6 +218,21 @@ impl Topology {
                     routing_key: key.clone(),
                 });
             }
+        }
+        for exchange in &config.outgoing {
+            if !topology.exchanges.iter().any(|e| &e.name == exchange) {
+                topology.exchanges.push(ExchangeSpec {
+                    name: exchange.clone(),
+                    kind: ExchangeKind::Topic,
+                });
+            }
+        }
+        for stand_in in &config.stand_ins {
+            topology.queues.push(
+                QueueSpec::new(&stand_in.queue, config.queue_type)
+                    .quorum_delivery_limit(config.queue_type, UNBOUNDED_DELIVERY_LIMIT),
+            );
+            topology.bindings.push(stand_in.clone());
         }
         let dead_letter = dead_letter_queue_name(&config.queue);
         let main = QueueSpec::new(&config.queue, config.queue_type);

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use warren::{
-    BindingSpec, ConsumerConfig, QueueSpec, QueueType, RelayConfig, RetryPolicy, StatsHandle,
-    TlsOptions, Topology,
+    ConsumerConfig, QueueType, RelayConfig, RetryPolicy, StatsHandle, TlsOptions, Topology,
 };
 
 use crate::db::BillingDb;
@@ -64,20 +63,17 @@ pub fn consumer_config(names: &Names, settings: &Settings) -> ConsumerConfig {
         .with_queue_type(settings.queue_type)
         .with_consumer_timeout(settings.consumer_timeout)
         .with_tls(settings.tls.clone())
+        .with_stand_in_queue(
+            names.exchange(),
+            names.recorded_queue(),
+            "billing.invoice-payment-recorded.*",
+        )
 }
 
-/// Everything billing declares: the consumer's topology plus the downstream queue
-/// for recorded payments.
+/// Everything billing declares: the consumer's topology, the downstream stand-in
+/// queue for recorded payments included.
 pub fn topology(names: &Names, settings: &Settings) -> Topology {
-    let mut t = Topology::for_consumer(&consumer_config(names, settings));
-    t.queues
-        .push(QueueSpec::new(names.recorded_queue(), settings.queue_type));
-    t.bindings.push(BindingSpec {
-        exchange: names.exchange(),
-        queue: names.recorded_queue(),
-        routing_key: "billing.invoice-payment-recorded.*".into(),
-    });
-    t
+    Topology::for_consumer(&consumer_config(names, settings))
 }
 
 /// Declares billing's topology.
