@@ -32,13 +32,16 @@ pub struct Consumer<S: Store> {
 impl<S: Store> Consumer<S> {
     /// A consumer that will apply each message through `registry` inside a
     /// transaction of `store`.
-    pub fn new(config: ConsumerConfig, store: S, registry: Registry<S::Db>) -> Self {
+    pub fn new<St>(config: ConsumerConfig, store: S, registry: Registry<S::Db, St>) -> Self
+    where
+        St: Clone + Send + Sync + 'static,
+    {
         let telemetry = Telemetry::new(&config.name, &config.queue);
         Self {
             inner: Arc::new(Pipeline {
                 config,
                 store,
-                registry,
+                registry: registry.erase(),
                 telemetry,
                 signer: OnceLock::new(),
             }),

@@ -28,24 +28,63 @@ pub struct Message<T> {
     pub attempt: u32,
 }
 
-/// Something that handles messages of payload type `T` inside a transaction of `DB`.
+/// Shared state handed to every handler of a registry built with
+/// [`Registry::with_state`](crate::Registry::with_state): an HTTP client, settings,
+/// the exchange events go to. Cloned for each call, so keep it cheap to clone (an
+/// `Arc` around anything large).
+///
+/// ```
+/// use warren::{HandlerError, Message, Registry, State, Tx};
+/// use warren::sqlx::Sqlite;
+///
+/// #[derive(Clone)]
+/// struct Settings { exchange: String }
+/// #[derive(serde::Deserialize)]
+/// struct InvoicePaid { invoice_id: String }
+///
+/// async fn invoice_paid(
+///     State(settings): State<Settings>,
+///     msg: Message<InvoicePaid>,
+///     tx: &mut Tx<Sqlite>,
+/// ) -> Result<(), HandlerError> {
+///     let _ = (&settings.exchange, &msg.payload.invoice_id, tx);
+///     Ok(())
+/// }
+///
+/// let routes = Registry::<Sqlite, _>::with_state(Settings { exchange: "billing.events".into() })
+///     .route("billing.invoice-paid.v1", 1, invoice_paid);
+/// assert_eq!(routes.len(), 1);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct State<S>(pub S);
+
+/// Marks handlers that take no state: `async fn(Message<T>, &mut Tx<DB>)`.
+#[derive(Debug)]
+pub enum Stateless {}
+
+/// Marks handlers that take the registry's state first:
+/// `async fn(State<S>, Message<T>, &mut Tx<DB>)`.
+#[derive(Debug)]
+pub enum WithState {}
+
+/// Something that handles messages of payload type `T` inside a transaction of
+/// `DB`, with the registry's state `S`.
 ///
 /// You do not implement this by hand: any `async fn(Message<T>, &mut Tx<DB>) ->
-/// Result<(), HandlerError>` is a handler. The lifetime parameter is how Rust spells
-/// "the future may borrow the transaction"; bounds read `for<'a> Handler<'a, T, DB>`.
-///
-/// Implement it on your own type when the handler needs state (an HTTP client, a
-/// configuration), returning a boxed future.
-pub trait Handler<'a, T, DB: Database>: Send + Sync + 'static {
+/// Result<(), HandlerError>` is a handler, and so is any
+/// `async fn(State<S>, Message<T>, &mut Tx<DB>)` on a registry with state `S`.
+/// The lifetime parameter is how Rust spells "the future may borrow the
+/// transaction"; `M` tells the two shapes apart and is always inferred.
+pub trait Handler<'a, T, DB: Database, S, M>: Send + Sync + 'static {
     /// The future the handler returns.
     type Future: Future<Output = Result<(), HandlerError>> + Send + 'a;
 
     /// Handles one message. Everything written through `tx` commits together with
     /// the inbox claim, or not at all.
-    fn call(&self, msg: Message<T>, tx: &'a mut Tx<DB>) -> Self::Future;
+    fn call(&self, state: &S, msg: Message<T>, tx: &'a mut Tx<DB>) -> Self::Future;
 }
 
-impl<'a, T, DB, F, Fut> Handler<'a, T, DB> for F
+impl<'a, T, DB, S, F, Fut> Handler<'a, T, DB, S, Stateless> for F
 where
     DB: Database,
     F: Fn(Message<T>, &'a mut Tx<DB>) -> Fut + Send + Sync + 'static,
@@ -53,8 +92,22 @@ where
 {
     type Future = Fut;
 
-    fn call(&self, msg: Message<T>, tx: &'a mut Tx<DB>) -> Fut {
+    fn call(&self, _state: &S, msg: Message<T>, tx: &'a mut Tx<DB>) -> Fut {
         self(msg, tx)
+    }
+}
+
+impl<'a, T, DB, S, F, Fut> Handler<'a, T, DB, S, WithState> for F
+where
+    DB: Database,
+    S: Clone,
+    F: Fn(State<S>, Message<T>, &'a mut Tx<DB>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'a,
+{
+    type Future = Fut;
+
+    fn call(&self, state: &S, msg: Message<T>, tx: &'a mut Tx<DB>) -> Fut {
+        self(State(state.clone()), msg, tx)
     }
 }
 
@@ -78,30 +131,36 @@ pub(crate) trait BoundCall<DB: Database>: Send {
     fn call<'a>(self: Box<Self>, tx: &'a mut Tx<DB>) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
-pub(crate) struct Typed<T, H> {
+pub(crate) struct Typed<T, H, S, M> {
     handler: Arc<H>,
-    _payload: PhantomData<fn() -> T>,
+    state: S,
+    _payload: PhantomData<fn() -> (T, M)>,
 }
 
-impl<T, H> Typed<T, H> {
-    pub(crate) fn new(handler: H) -> Self {
+impl<T, H, S, M> Typed<T, H, S, M> {
+    pub(crate) fn new(handler: H, state: S) -> Self {
         Self {
             handler: Arc::new(handler),
+            state,
             _payload: PhantomData,
         }
     }
 }
 
-struct Bound<T, H> {
+struct Bound<T, H, S, M> {
     handler: Arc<H>,
+    state: S,
     msg: Message<T>,
+    _shape: PhantomData<fn() -> M>,
 }
 
-impl<T, H, DB> ErasedHandler<DB> for Typed<T, H>
+impl<T, H, DB, S, M> ErasedHandler<DB> for Typed<T, H, S, M>
 where
     DB: Database,
     T: DeserializeOwned + Send + 'static,
-    H: for<'a> Handler<'a, T, DB>,
+    S: Clone + Send + Sync + 'static,
+    M: 'static,
+    H: for<'a> Handler<'a, T, DB, S, M>,
 {
     fn bind(
         &self,
@@ -113,24 +172,33 @@ where
         let payload: T = serde_json::from_str(payload.get())?;
         Ok(Box::new(Bound {
             handler: Arc::clone(&self.handler),
+            state: self.state.clone(),
             msg: Message {
                 payload,
                 meta,
                 redelivered,
                 attempt,
             },
+            _shape: PhantomData::<fn() -> M>,
         }))
     }
 }
 
-impl<T, H, DB> BoundCall<DB> for Bound<T, H>
+impl<T, H, DB, S, M> BoundCall<DB> for Bound<T, H, S, M>
 where
     DB: Database,
     T: Send + 'static,
-    H: for<'a> Handler<'a, T, DB>,
+    S: Send + Sync + 'static,
+    M: 'static,
+    H: for<'a> Handler<'a, T, DB, S, M>,
 {
     fn call<'a>(self: Box<Self>, tx: &'a mut Tx<DB>) -> BoxFuture<'a, Result<(), HandlerError>> {
-        let Bound { handler, msg } = *self;
-        Box::pin(async move { handler.call(msg, tx).await })
+        let Bound {
+            handler,
+            state,
+            msg,
+            ..
+        } = *self;
+        Box::pin(async move { handler.call(&state, msg, tx).await })
     }
 }

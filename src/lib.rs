@@ -103,7 +103,7 @@ pub use envelope::{
 };
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
-pub use handler::{Handler, Message};
+pub use handler::{Handler, Message, State, Stateless, WithState};
 pub use headers::{
     HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_DROPPED, HEADER_ERROR,
     HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,

@@ -28,15 +28,33 @@ use crate::handler::{ErasedHandler, Handler, Typed};
 ///     .route("billing.invoice-paid.v2", 2, paid_v2);
 /// assert_eq!(routes.len(), 2);
 /// ```
-pub struct Registry<DB: Database> {
+pub struct Registry<DB: Database, S = ()> {
     routes: HashMap<(String, u32), Arc<dyn ErasedHandler<DB>>>,
+    state: S,
 }
 
 impl<DB: Database> Registry<DB> {
-    /// An empty table.
+    /// An empty table whose handlers take no state.
     pub fn new() -> Self {
+        Self::with_state(())
+    }
+}
+
+impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
+    /// An empty table whose handlers may take `state` as their first argument,
+    /// `State<S>` (see [`State`](crate::State)); handlers without it fit too.
+    pub fn with_state(state: S) -> Self {
         Self {
             routes: HashMap::new(),
+            state,
+        }
+    }
+
+    /// The table with its state erased: each route already holds a clone of it.
+    pub(crate) fn erase(self) -> Registry<DB> {
+        Registry {
+            routes: self.routes,
+            state: (),
         }
     }
 
@@ -47,17 +65,19 @@ impl<DB: Database> Registry<DB> {
     ///
     /// If the pair is already routed: two handlers for one version is a programming
     /// error, better found at start than in production.
-    pub fn route<T, H>(mut self, event_type: &str, schema_version: u32, handler: H) -> Self
+    pub fn route<T, H, M>(mut self, event_type: &str, schema_version: u32, handler: H) -> Self
     where
         T: DeserializeOwned + Send + 'static,
-        H: for<'a> Handler<'a, T, DB>,
+        M: 'static,
+        H: for<'a> Handler<'a, T, DB, S, M>,
     {
         let key = (event_type.to_owned(), schema_version);
         assert!(
             !self.routes.contains_key(&key),
             "{event_type} v{schema_version} is already routed to a handler"
         );
-        self.routes.insert(key, Arc::new(Typed::new(handler)));
+        self.routes
+            .insert(key, Arc::new(Typed::new(handler, self.state.clone())));
         self
     }
 
@@ -114,10 +134,14 @@ impl<DB: Database> Default for Registry<DB> {
     }
 }
 
-impl<DB: Database> fmt::Debug for Registry<DB> {
+impl<DB: Database, S> fmt::Debug for Registry<DB, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry")
-            .field("routes", &self.routes())
+            .field("routes", &{
+                let mut keys: Vec<_> = self.routes.keys().collect();
+                keys.sort_unstable();
+                keys
+            })
             .finish()
     }
 }

@@ -1,14 +1,12 @@
 //! The invoice-paid handlers (schema versions 1 and 2) and billing's business
 //! rules.
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use warren::{Handler, HandlerError, Message, Metadata, Outgoing, Registry, Tx};
+use warren::{HandlerError, Message, Metadata, Outgoing, Registry, State, Tx};
 
 use crate::amount::{Amount, shown};
 use crate::db::{BillingDb, Payment};
@@ -190,80 +188,49 @@ async fn record<B: BillingDb>(
     Ok(())
 }
 
-/// The v1 handler. A struct, not a plain `async fn`, because it carries the
-/// exchange its outgoing events go to.
-pub struct PaidV1<B> {
-    exchange: Arc<str>,
-    _db: PhantomData<fn() -> B>,
+/// The v1 handler. Its state is the exchange its outgoing events go to.
+pub async fn paid_v1<B: BillingDb>(
+    State(exchange): State<Arc<str>>,
+    msg: Message<InvoicePaidV1>,
+    tx: &mut Tx<B>,
+) -> Result<(), HandlerError> {
+    let p = &msg.payload;
+    // v1 carries no payment time: the event's own time stands in.
+    let payment = payment(
+        &msg.meta,
+        &p.invoice_id,
+        &p.customer_id,
+        &p.amount,
+        &p.currency,
+        msg.meta.occurred_at,
+        None,
+    )?;
+    record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
 }
 
 /// The v2 handler.
-pub struct PaidV2<B> {
-    exchange: Arc<str>,
-    _db: PhantomData<fn() -> B>,
+pub async fn paid_v2<B: BillingDb>(
+    State(exchange): State<Arc<str>>,
+    msg: Message<InvoicePaidV2>,
+    tx: &mut Tx<B>,
+) -> Result<(), HandlerError> {
+    let p = &msg.payload;
+    let payment = payment(
+        &msg.meta,
+        &p.invoice_id,
+        &p.customer_id,
+        &p.amount,
+        &p.currency,
+        p.paid_at_utc,
+        Some(&p.payment_method),
+    )?;
+    record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
 }
 
-impl<'a, B: BillingDb> Handler<'a, InvoicePaidV1, B> for PaidV1<B> {
-    type Future = BoxFuture<'a, Result<(), HandlerError>>;
-
-    fn call(&self, msg: Message<InvoicePaidV1>, tx: &'a mut Tx<B>) -> Self::Future {
-        let exchange = Arc::clone(&self.exchange);
-        Box::pin(async move {
-            let p = &msg.payload;
-            // v1 carries no payment time: the event's own time stands in.
-            let payment = payment(
-                &msg.meta,
-                &p.invoice_id,
-                &p.customer_id,
-                &p.amount,
-                &p.currency,
-                msg.meta.occurred_at,
-                None,
-            )?;
-            record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
-        })
-    }
-}
-
-impl<'a, B: BillingDb> Handler<'a, InvoicePaidV2, B> for PaidV2<B> {
-    type Future = BoxFuture<'a, Result<(), HandlerError>>;
-
-    fn call(&self, msg: Message<InvoicePaidV2>, tx: &'a mut Tx<B>) -> Self::Future {
-        let exchange = Arc::clone(&self.exchange);
-        Box::pin(async move {
-            let p = &msg.payload;
-            let payment = payment(
-                &msg.meta,
-                &p.invoice_id,
-                &p.customer_id,
-                &p.amount,
-                &p.currency,
-                p.paid_at_utc,
-                Some(&p.payment_method),
-            )?;
-            record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
-        })
-    }
-}
-
-/// billing's routing table: both schema versions side by side.
-pub fn routes<B: BillingDb>(exchange: &str) -> Registry<B> {
-    let exchange: Arc<str> = exchange.into();
-    Registry::new()
-        .route(
-            PAID_V1,
-            1,
-            PaidV1::<B> {
-                exchange: Arc::clone(&exchange),
-                _db: PhantomData,
-            },
-        )
-        .route(
-            PAID_V2,
-            2,
-            PaidV2::<B> {
-                exchange,
-                _db: PhantomData,
-            },
-        )
+/// billing's routing table: both schema versions side by side, sharing the
+/// exchange outgoing events go to.
+pub fn routes<B: BillingDb>(exchange: &str) -> Registry<B, Arc<str>> {
+    Registry::with_state(Arc::<str>::from(exchange))
+        .route(PAID_V1, 1, paid_v1::<B>)
+        .route(PAID_V2, 2, paid_v2::<B>)
 }
