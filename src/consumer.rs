@@ -1131,19 +1131,18 @@ impl<S: Store> Inner<S> {
         let handled = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
         match handled {
             Ok(Ok(())) => {
-                if let Err(e) = self.store.check_before_commit(&mut tx).await {
-                    let _ = tx.rollback().await;
-                    if e.is_connection_error() {
-                        return Err(Failure::Store(e));
-                    }
-                    return Err(Failure::Handler(HandlerError::transient(format!(
-                        "the handler returned success, but an earlier statement had aborted its transaction \
-                         (did it ignore a database error?): {e}"
-                    ))));
-                }
                 let enqueued = tx.enqueued();
                 failpoint::hit("before-commit");
-                tx.commit().await.map_err(Failure::Store)?;
+                match tx.commit().await {
+                    Ok(()) => {}
+                    Err(e) if e.is_aborted() => {
+                        return Err(Failure::Handler(HandlerError::transient(format!(
+                            "the handler returned success, but an earlier statement had aborted its transaction \
+                             (did it ignore a database error?): {e}"
+                        ))));
+                    }
+                    Err(e) => return Err(Failure::Store(e)),
+                }
                 if enqueued > 0 {
                     self.store.wakeups().wake();
                 }

@@ -21,6 +21,7 @@
 //! - `retry`: delay tiers, attempt and poison limits as data ([`RetryPolicy`]).
 //! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
 //! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
+//! - `outbox_row`: the rows of `warren_outbox`, shared by the outbox, the store and the relay.
 //! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
 //! - `consumer`: the delivery loop ([`Consumer`], [`ConsumerConfig`]).
 //! - `topology`: exchanges and queues as data ([`Topology`]).
@@ -56,6 +57,7 @@ mod handler;
 mod headers;
 mod idempotency;
 pub mod outbox;
+mod outbox_row;
 mod printable;
 mod registry;
 mod relay;
