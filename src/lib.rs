@@ -110,8 +110,8 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Tx, Wakeups,
-    is_connection_error, is_permanent_data_error,
+    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, SqlStore, Store, StoreError,
+    Tx, Wakeups, is_connection_error, is_permanent_data_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
 pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};

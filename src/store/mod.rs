@@ -31,6 +31,7 @@ mod tx;
 pub use error::{StoreError, is_connection_error, is_permanent_data_error};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+pub use sql::SqlStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tx::Tx;

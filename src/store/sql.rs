@@ -20,6 +20,7 @@ pub struct SqlStore<D: Database> {
 }
 
 impl<D: Database> SqlStore<D> {
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(super) fn with_pool(pool: Pool<D>) -> Self {
         Self {
             pool,
@@ -52,6 +53,7 @@ impl<D: Database> std::fmt::Debug for SqlStore<D> {
 }
 
 /// The one shared insert behind each dialect's [`SqlDialect::insert_outbox`].
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) async fn insert_outbox<D>(
     conn: &mut D::Connection,
     row: &NewOutboxRow<'_>,
