@@ -89,6 +89,11 @@ impl From<StoreError> for HandlerError {
 /// Unique, foreign-key, not-null and exclusion violations are left out on purpose:
 /// they depend on other rows (a concurrent insert, a parent or reference row that
 /// has not arrived yet), so a later attempt can succeed.
+// Without a backend there is no error code to read.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_variables)
+)]
 pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
     let Some(db) = e.as_database_error() else {
         return false;

@@ -1,16 +1,17 @@
 //! One implementation of [`Store`] and [`OutboxStore`] for every SQL dialect,
-//! written against the statements and hooks of [`SqlDialect`].
+//! written against the statements and hooks of
+//! [`SqlDialect`](super::dialect::SqlDialect).
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::dialect::{RawOutboxRow, SqlDialect};
+use super::dialect::RawOutboxRow;
 use super::{
     Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Wakeups,
 };
-use crate::outbox_row::{FailedRow, NewOutboxRow, OutboxRow, RowOutcome};
+use crate::outbox_row::{FailedRow, OutboxRow, RowOutcome};
 
 /// A [`Store`] and [`OutboxStore`] on a SQL database: [`PgStore`](super::PgStore)
 /// and [`SqliteStore`](super::SqliteStore) are this type for their dialect.
@@ -52,14 +53,15 @@ impl<D: Database> std::fmt::Debug for SqlStore<D> {
     }
 }
 
-/// The one shared insert behind each dialect's [`SqlDialect::insert_outbox`].
+/// The one shared insert behind each dialect's
+/// [`SqlDialect::insert_outbox`](super::dialect::SqlDialect::insert_outbox).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) async fn insert_outbox<D>(
     conn: &mut D::Connection,
-    row: &NewOutboxRow<'_>,
+    row: &crate::outbox_row::NewOutboxRow<'_>,
 ) -> Result<(), StoreError>
 where
-    D: SqlDialect,
+    D: super::dialect::SqlDialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     D::Arguments: IntoArguments<D>,
     for<'s> &'s str: Encode<'s, D> + Type<D>,
