@@ -191,3 +191,49 @@ pub(crate) fn check_route(exchange: &str, routing_key: &str) -> Result<(), Strin
 pub(crate) fn parse_properties(json: &str) -> Result<StoredProperties, String> {
     serde_json::from_str(json).map_err(|e| format!("stored properties are not readable: {e}"))
 }
+
+/// An outbox row as selected for publishing: id, message id, exchange, routing
+/// key, properties (JSON), body, attempts.
+pub(crate) type RawOutboxRow = (i64, String, String, String, String, Vec<u8>, i64);
+
+/// A failed row as selected: id, message id, exchange, routing key, last error,
+/// attempts.
+pub(crate) type RawFailedRow = (i64, String, String, String, Option<String>, i64);
+
+/// Turns raw outbox rows into [`OutboxRow`]s; rows whose stored properties cannot
+/// be read come back as failed outcomes instead.
+pub(crate) fn from_raw(raw: Vec<RawOutboxRow>) -> (Vec<OutboxRow>, Vec<(i64, RowOutcome)>) {
+    let mut rows = Vec::with_capacity(raw.len());
+    let mut unreadable = Vec::new();
+    for (id, message_id, exchange, routing_key, properties, body, attempts) in raw {
+        match parse_properties(&properties) {
+            Ok(properties) => rows.push(OutboxRow {
+                id,
+                message_id,
+                exchange,
+                routing_key,
+                properties,
+                body,
+                attempts,
+            }),
+            Err(e) => unreadable.push((id, RowOutcome::Failed(e))),
+        }
+    }
+    (rows, unreadable)
+}
+
+/// Turns failed rows as selected into [`FailedRow`]s.
+pub(crate) fn failed_from_raw(raw: Vec<RawFailedRow>) -> Vec<FailedRow> {
+    raw.into_iter()
+        .map(
+            |(id, message_id, exchange, routing_key, last_error, attempts)| FailedRow {
+                id,
+                message_id,
+                exchange,
+                routing_key,
+                last_error: last_error.unwrap_or_default(),
+                attempts,
+            },
+        )
+        .collect()
+}

@@ -6,7 +6,8 @@
 //! differs between databases is a hook on [`SqlDialect`]:
 //!
 //! - how a writing transaction begins ([`Statements::begin`]) and how concurrent
-//!   migrators are serialized ([`Statements::lock_migrations`]);
+//!   migrators are serialized ([`Statements::lock_migrations`] and
+//!   [`Statements::unlock_migrations`]);
 //! - the check that a transaction can still commit
 //!   ([`SqlDialect::check_before_commit`]);
 //! - how a relay takes a batch so that no other relay takes it too
@@ -16,12 +17,14 @@
 //! - how a dialect tells a refused claim ([`SqlDialect::is_refused_claim`]).
 //!
 //! A third backend fits by implementing [`SqlDialect`] on its sqlx database type.
-//! MySQL/MariaDB, for instance: `BEGIN` for both begins and `GET_LOCK` around
-//! migrations; a claim that is a plain `INSERT` whose duplicate-key error 1062 is
+//! MySQL/MariaDB, for instance: `BEGIN` for both begins and `GET_LOCK` /
+//! `RELEASE_LOCK` around migrations; a claim that is a plain `INSERT` whose duplicate-key error 1062 is
 //! a refused claim; `@@in_transaction` as the pre-commit check (a deadlock rolls
 //! the transaction back under the handler); `FOR UPDATE SKIP LOCKED` to take a
-//! batch; no `LISTEN`, so no notify statement and no listener; and, having no
-//! `RETURNING`, a [`Statements::redelivery_count`] query after the upsert.
+//! batch; no `LISTEN`, so no notify statement and no listener; having no
+//! `RETURNING`, a [`Statements::redelivery_count`] query after the upsert; and
+//! plain `?` placeholders, which work because every statement binds its values
+//! in the order they appear.
 
 use std::future::Future;
 
@@ -30,13 +33,15 @@ use sqlx::{Database, Decode, Encode, Pool, Type};
 
 use super::migrations::Migrations;
 use super::{OutboxListener, StoreError};
-use crate::outbox_row::NewOutboxRow;
+use crate::outbox_row::{NewOutboxRow, RawOutboxRow};
 
 /// The SQL of one dialect, for the operations written once in this module.
 ///
-/// Placeholders are numbered and bound in the order each field's doc gives,
-/// `$1`, `$2`... on PostgreSQL, `?1`, `?2`... on SQLite. Times are bound and
-/// read as [`SqlDialect::Time`].
+/// Values are bound in the order each field's doc gives, which is also the order
+/// their placeholders first appear in the SQL: `$1`, `$2`... on PostgreSQL,
+/// `?1`, `?2`... on SQLite, and plain `?` works for a dialect that only has
+/// positional placeholders (MySQL). Times are bound and read as
+/// [`SqlDialect::Time`].
 #[derive(Debug)]
 pub struct Statements {
     /// Begins a transaction that will write: the write lock is taken up front
@@ -46,6 +51,9 @@ pub struct Statements {
     /// starting at once apply migrations one after another; `None` where the
     /// begin statement already serializes them.
     pub lock_migrations: Option<&'static str>,
+    /// Releases a migration lock that the commit does not release, on the same
+    /// connection, whether the migrations applied or not.
+    pub unlock_migrations: Option<&'static str>,
     /// Checks that the database answers.
     pub ping: &'static str,
     /// (consumer, message id, event type, correlation id, received at): inserts
@@ -74,9 +82,9 @@ pub struct Statements {
     pub notify_outbox: Option<&'static str>,
     /// (id): the row was published; frees any lease.
     pub mark_published: &'static str,
-    /// (id, error): the row failed for good; frees any lease.
+    /// (error, id): the row failed for good; frees any lease.
     pub mark_failed: &'static str,
-    /// (id, error): the row stays pending for the next pass; frees any lease.
+    /// (error, id): the row stays pending for the next pass; frees any lease.
     pub mark_retry: &'static str,
     /// (): pending count, oldest pending creation time, published count, failed
     /// count.
@@ -165,10 +173,6 @@ pub trait SqlDialect: Database {
 /// dialect keeps one open, and the rows.
 pub(crate) type TakenBatch<D> = (Option<sqlx::Transaction<'static, D>>, Vec<RawOutboxRow>);
 
-/// An outbox row as selected: id, message id, exchange, routing key, properties
-/// (JSON), body, attempts.
-pub(crate) type RawOutboxRow = (i64, String, String, String, String, Vec<u8>, i64);
-
 impl Statements {
     /// Every statement with its name and the number of values it binds, as
     /// documented on each field.
@@ -196,6 +200,7 @@ impl Statements {
         ];
         let optional = [
             ("lock_migrations", self.lock_migrations, 0),
+            ("unlock_migrations", self.unlock_migrations, 0),
             ("redelivery_count", self.redelivery_count, 2),
             ("notify_outbox", self.notify_outbox, 0),
         ];
@@ -208,22 +213,43 @@ impl Statements {
     }
 }
 
-/// The highest numbered placeholder (`$N` or `?N`) in `sql`: how many values
-/// it binds, since every dialect numbers its placeholders.
+/// The placeholders of `sql` (`$N`, `?N` or a plain `?`, which counts as the
+/// next number), in the order they appear.
 #[cfg(test)]
-pub(crate) fn placeholders(sql: &str) -> usize {
-    let mut highest = 0;
+pub(crate) fn placeholders(sql: &str) -> Vec<usize> {
+    let mut found = Vec::new();
     let mut rest = sql;
     while let Some(at) = rest.find(['$', '?']) {
         let digits: String = rest[at + 1..]
             .chars()
             .take_while(char::is_ascii_digit)
             .collect();
-        assert!(!digits.is_empty(), "unnumbered placeholder in {sql}");
-        highest = highest.max(digits.parse().unwrap());
+        found.push(match digits.parse() {
+            Ok(n) => n,
+            Err(_) => found.len() + 1,
+        });
         rest = &rest[at + 1 + digits.len()..];
     }
-    highest
+    found
+}
+
+/// How many values `sql` binds, checking that its placeholders first appear in
+/// bind order (1, 2, 3...), so that a dialect with only positional `?` could
+/// write the same statement.
+#[cfg(test)]
+pub(crate) fn arity_in_order(sql: &str) -> usize {
+    let mut first_seen = Vec::new();
+    for n in placeholders(sql) {
+        if !first_seen.contains(&n) {
+            first_seen.push(n);
+        }
+    }
+    let in_order: Vec<usize> = (1..=first_seen.len()).collect();
+    assert_eq!(
+        first_seen, in_order,
+        "placeholders out of bind order in {sql}"
+    );
+    first_seen.len()
 }
 
 #[cfg(test)]
@@ -234,15 +260,21 @@ mod tests {
     fn check_statements<D: SqlDialect>() {
         for (name, sql, arity) in D::SQL.with_arity() {
             assert!(!sql.trim().is_empty(), "{} {name} is empty", D::NAME);
-            assert_eq!(placeholders(sql), arity, "{} {name}: {sql}", D::NAME);
+            assert_eq!(arity_in_order(sql), arity, "{} {name}: {sql}", D::NAME);
         }
     }
 
     #[test]
-    fn placeholders_are_counted_by_their_highest_number() {
-        assert_eq!(placeholders("SELECT 1"), 0);
-        assert_eq!(placeholders("UPDATE t SET a = $2 WHERE id = $1"), 2);
-        assert_eq!(placeholders("UPDATE t SET a = ?2, b = ?2 WHERE id = ?1"), 2);
+    fn placeholders_are_counted_and_must_appear_in_bind_order() {
+        assert_eq!(arity_in_order("SELECT 1"), 0);
+        assert_eq!(
+            arity_in_order("UPDATE t SET a = $1, b = $1 WHERE id = $2"),
+            2
+        );
+        assert_eq!(arity_in_order("UPDATE t SET a = ? WHERE id = ?"), 2);
+        let out_of_order =
+            std::panic::catch_unwind(|| arity_in_order("UPDATE t SET a = ?2 WHERE id = ?1"));
+        assert!(out_of_order.is_err());
     }
 
     #[cfg(feature = "postgres")]

@@ -117,6 +117,7 @@ impl SqlDialect for Postgres {
         lock_migrations: Some(
             "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))",
         ),
+        unlock_migrations: None,
         ping: "SELECT 1",
         claim: "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
              VALUES ($1, $2, $3, $4, $5)
@@ -142,8 +143,8 @@ impl SqlDialect for Postgres {
         mark_published: "UPDATE warren_outbox SET published_at = clock_timestamp(), attempts = attempts + 1
              WHERE id = $1",
         mark_failed: "UPDATE warren_outbox SET failed_at = clock_timestamp(), attempts = attempts + 1,
-             last_error = $2 WHERE id = $1",
-        mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1",
+             last_error = $1 WHERE id = $2",
+        mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = $1 WHERE id = $2",
         outbox_counts: "SELECT
                 count(*) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
                 min(created_at) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
@@ -251,7 +252,7 @@ mod tests {
 
     #[test]
     fn taking_a_batch_binds_what_take_batch_binds() {
-        assert_eq!(super::super::dialect::placeholders(TAKE_BATCH), 1);
+        assert_eq!(super::super::dialect::arity_in_order(TAKE_BATCH), 1);
     }
 
     #[test]

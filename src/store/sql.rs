@@ -7,7 +7,6 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::dialect::RawOutboxRow;
 use super::{
     Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Wakeups,
 };
@@ -81,11 +80,14 @@ where
     Ok(())
 }
 
-/// The bounds every dialect meets for the shared code: its connection runs
-/// queries, and it binds and reads the Rust types warren's tables use.
+/// Writes `impl $trait for SqlStore<D>` under the bounds every dialect meets for
+/// the shared code: its connection runs queries, and it binds and reads the Rust
+/// types warren's tables use. A macro, because the bounds cannot live on
+/// [`SqlDialect`](super::dialect::SqlDialect): Rust does not carry a trait's
+/// `where` clauses to the places that use it (rust-lang/rust#20671), so they
+/// would have to be repeated on each impl.
 macro_rules! shared_impl {
-    ($(#[$meta:meta])* impl $trait_:ident { $($body:tt)* }) => {
-        $(#[$meta])*
+    (impl $trait_:ident { $($body:tt)* }) => {
         impl<D> $trait_ for SqlStore<D>
         where
             D: Dialect,
@@ -108,13 +110,14 @@ shared_impl! {
         type Db = D;
 
         async fn migrate(&self) -> Result<(), StoreError> {
-            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            if let Some(lock) = D::SQL.lock_migrations {
-                sqlx::query(lock).execute(&mut *tx).await?;
+            let mut conn = self.pool.acquire().await?;
+            let applied = apply_migrations::<D>(&mut conn).await;
+            // A lock that outlives the transaction is released whatever happened:
+            // the connection goes back to the pool, still holding it otherwise.
+            if let Some(unlock) = D::SQL.unlock_migrations {
+                sqlx::query(unlock).execute(&mut *conn).await?;
             }
-            D::MIGRATIONS.apply::<D>(&mut tx).await?;
-            tx.commit().await?;
-            Ok(())
+            applied
         }
 
         async fn ping(&self) -> Result<(), StoreError> {
@@ -267,7 +270,7 @@ shared_impl! {
             // goes out in id order.
             raw.sort_by_key(|r| r.0);
             let taken = raw.len();
-            let (rows, unreadable) = outbox_rows(raw);
+            let (rows, unreadable) = crate::outbox_row::from_raw(raw);
             let mut outcomes = publish(rows).await;
             outcomes.extend(unreadable);
             let mut tx = match held {
@@ -278,9 +281,9 @@ shared_impl! {
                 let q = match &outcome {
                     RowOutcome::Published => sqlx::query(D::SQL.mark_published).bind(id),
                     RowOutcome::Failed(e) => {
-                        sqlx::query(D::SQL.mark_failed).bind(id).bind(e.as_str())
+                        sqlx::query(D::SQL.mark_failed).bind(e.as_str()).bind(id)
                     }
-                    RowOutcome::Retry(e) => sqlx::query(D::SQL.mark_retry).bind(id).bind(e.as_str()),
+                    RowOutcome::Retry(e) => sqlx::query(D::SQL.mark_retry).bind(e.as_str()).bind(id),
                 };
                 q.execute(&mut *tx).await?;
             }
@@ -302,12 +305,12 @@ shared_impl! {
         }
 
         async fn failed_outbox_rows(&self, limit: u32) -> Result<Vec<FailedRow>, StoreError> {
-            let failed: Vec<(i64, String, String, String, Option<String>, i64)> =
+            let failed: Vec<crate::outbox_row::RawFailedRow> =
                 sqlx::query_as(D::SQL.failed_outbox_rows)
                     .bind(i64::from(limit))
                     .fetch_all(&self.pool)
                     .await?;
-            Ok(failed_rows(failed))
+            Ok(crate::outbox_row::failed_from_raw(failed))
         }
 
         async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {
@@ -347,41 +350,28 @@ shared_impl! {
     }
 }
 
-/// Turns raw outbox rows into [`OutboxRow`]s; rows whose stored properties cannot
-/// be read come back as failed outcomes instead.
-fn outbox_rows(raw: Vec<RawOutboxRow>) -> (Vec<OutboxRow>, Vec<(i64, RowOutcome)>) {
-    let mut rows = Vec::with_capacity(raw.len());
-    let mut unreadable = Vec::new();
-    for (id, message_id, exchange, routing_key, properties, body, attempts) in raw {
-        match crate::outbox_row::parse_properties(&properties) {
-            Ok(properties) => rows.push(OutboxRow {
-                id,
-                message_id,
-                exchange,
-                routing_key,
-                properties,
-                body,
-                attempts,
-            }),
-            Err(e) => unreadable.push((id, RowOutcome::Failed(e))),
-        }
+/// Applies the missing migrations in one transaction on `conn`, holding the
+/// dialect's migration lock.
+async fn apply_migrations<D>(conn: &mut D::Connection) -> Result<(), StoreError>
+where
+    D: super::dialect::SqlDialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    i64: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
+    for<'s> &'s str: Encode<'s, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+{
+    // `Transaction::begin` with a ready `SqlStr`: the generic `begin_with` trips
+    // the compiler's higher-ranked `Send` check on `&'static str`.
+    let begin = sqlx::SqlSafeStr::into_sql_str(D::SQL.begin);
+    let mut tx: sqlx::Transaction<'_, D> =
+        sqlx::Transaction::begin(&mut *conn, Some(begin)).await?;
+    if let Some(lock) = D::SQL.lock_migrations {
+        sqlx::query(lock).execute(&mut *tx).await?;
     }
-    (rows, unreadable)
-}
-
-fn failed_rows(raw: Vec<(i64, String, String, String, Option<String>, i64)>) -> Vec<FailedRow> {
-    raw.into_iter()
-        .map(
-            |(id, message_id, exchange, routing_key, last_error, attempts)| FailedRow {
-                id,
-                message_id,
-                exchange,
-                routing_key,
-                last_error: last_error.unwrap_or_default(),
-                attempts,
-            },
-        )
-        .collect()
+    D::MIGRATIONS.apply::<D>(&mut tx).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The shared implementation on a throwaway SQLite file: no server needed.

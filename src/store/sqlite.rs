@@ -98,6 +98,7 @@ impl SqlDialect for Sqlite {
         // BEGIN IMMEDIATE takes the write lock first, so concurrent starters
         // apply migrations one after another.
         lock_migrations: None,
+        unlock_migrations: None,
         ping: "SELECT 1",
         claim: "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
@@ -122,9 +123,9 @@ impl SqlDialect for Sqlite {
         mark_published: "UPDATE warren_outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
              attempts = attempts + 1, lease_until = NULL WHERE id = ?1",
         mark_failed: "UPDATE warren_outbox SET failed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
-             attempts = attempts + 1, last_error = ?2, lease_until = NULL WHERE id = ?1",
-        mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ?2, lease_until = NULL
-             WHERE id = ?1",
+             attempts = attempts + 1, last_error = ?1, lease_until = NULL WHERE id = ?2",
+        mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ?1, lease_until = NULL
+             WHERE id = ?2",
         outbox_counts: "SELECT
                 coalesce(sum(published_at IS NULL AND failed_at IS NULL), 0),
                 min(CASE WHEN published_at IS NULL AND failed_at IS NULL THEN created_at END),
@@ -238,7 +239,7 @@ mod tests {
 
     #[test]
     fn taking_a_batch_binds_what_take_batch_binds() {
-        assert_eq!(super::super::dialect::placeholders(TAKE_BATCH), 3);
+        assert_eq!(super::super::dialect::arity_in_order(TAKE_BATCH), 3);
     }
 
     #[test]
