@@ -41,7 +41,9 @@ pub(crate) use tx::insert_outbox;
 /// PostgreSQL (`sqlx::Postgres`) or SQLite (`sqlx::Sqlite`).
 ///
 /// Sealed: a dialect is a set of statements and hooks inside warren, so a new
-/// database is added to warren rather than implemented outside it.
+/// database is added to warren rather than implemented outside it. Write outbox
+/// rows in a dialect's transaction with [`Tx::publish`] or
+/// [`enqueue`](crate::outbox::enqueue).
 pub trait Dialect: dialect::SqlDialect {}
 
 impl<D: dialect::SqlDialect> Dialect for D {}
@@ -99,7 +101,7 @@ pub struct InboxEntry<'a> {
 /// A transactional store for the inbox and the handler's writes.
 ///
 /// Implemented by [`PgStore`] (feature `postgres`) and [`SqliteStore`] (feature
-/// `sqlite`). The trait is deliberately small: everything a consumer needs to apply
+/// `sqlite`), both a [`SqlStore`] over their dialect. The trait is deliberately small: everything a consumer needs to apply
 /// a message once, nothing more.
 pub trait Store: Clone + Send + Sync + 'static {
     /// The sqlx database the handler's transaction belongs to.
@@ -126,9 +128,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// that it can still commit (see [`StoreError::Aborted`]).
     fn begin(&self) -> impl Future<Output = Result<Tx<Self::Db>, StoreError>> + Send;
 
-    /// Claims `entry` inside `tx` with `INSERT ... ON CONFLICT DO NOTHING`. Returns
-    /// `false` if the consumer already claimed this message id: a duplicate. A copy in
-    /// flight elsewhere makes this call wait until that transaction ends.
+    /// Claims `entry` inside `tx` by inserting its inbox row (`INSERT ... ON
+    /// CONFLICT DO NOTHING`). Returns `false` if the consumer already claimed this
+    /// message id: a duplicate. A copy in flight elsewhere makes this call wait
+    /// until that transaction ends.
     fn claim<'a>(
         &'a self,
         tx: &'a mut Tx<Self::Db>,
