@@ -127,19 +127,6 @@ impl From<sqlx::Error> for HandlerError {
     }
 }
 
-/// A store error inside a handler (writing to the outbox, say) is transient, for
-/// the same reasons as [`sqlx::Error`], except a message the outbox refused as
-/// unpublishable: the same message would be refused on every attempt.
-impl From<crate::store::StoreError> for HandlerError {
-    fn from(e: crate::store::StoreError) -> Self {
-        if matches!(e, crate::store::StoreError::InvalidMessage(_)) {
-            HandlerError::permanent(e)
-        } else {
-            HandlerError::transient(e)
-        }
-    }
-}
-
 /// Why a message was moved to the dead-letter queue; sent as the `x-warren-reason`
 /// header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,6 +21,7 @@
 //! - `retry`: delay tiers, attempt and poison limits as data ([`RetryPolicy`]).
 //! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
 //! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
+//! - `outbox_row`: the rows of `warren_outbox`, shared by the outbox, the store and the relay.
 //! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
 //! - `config`: a consumer's settings, checked in one place ([`ConsumerConfig`]).
 //! - `consumer`: reconnection, intake and the relay beside it ([`Consumer`]).
@@ -71,6 +72,7 @@ mod handler;
 mod headers;
 mod idempotency;
 pub mod outbox;
+mod outbox_row;
 mod pipeline;
 mod printable;
 mod registry;
@@ -127,8 +129,8 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Tx, Wakeups,
-    is_connection_error, is_permanent_data_error,
+    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, SqlStore, Store, StoreError,
+    Tx, Wakeups, is_connection_error, is_permanent_data_error,
 };
 pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
 pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};

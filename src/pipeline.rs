@@ -219,17 +219,17 @@ impl<S: Store> Pipeline<S> {
         }
         match AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await {
             Ok(Ok(())) => {
-                if let Err(e) = self.store.check_before_commit(&mut tx).await {
-                    let _ = tx.rollback().await;
-                    return Err(if e.is_connection_error() {
-                        Failure::Store(e)
-                    } else {
-                        Failure::Aborted(e)
-                    });
-                }
                 let enqueued = tx.enqueued();
                 failpoint::hit("before-commit");
-                tx.commit().await.map_err(Failure::Store)?;
+                // The commit checks first that the transaction can still commit:
+                // a handler that ignored a failed statement is not acked.
+                tx.commit().await.map_err(|e| {
+                    if e.is_aborted() {
+                        Failure::Aborted(e)
+                    } else {
+                        Failure::Store(e)
+                    }
+                })?;
                 if enqueued > 0 {
                     self.store.wakeups().wake();
                 }

@@ -1,0 +1,240 @@
+//! The rows of `warren_outbox` as warren writes and reads them.
+//!
+//! Kept apart from [`crate::outbox`] so that the store can read and write rows
+//! without depending on the module that depends on it.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use serde::{Deserialize, Serialize};
+
+use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
+use crate::envelope::{CONTENT_TYPE_JSON, Outgoing};
+
+/// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredProperties {
+    /// AMQP `type`: the event type.
+    pub event_type: String,
+    /// AMQP `correlation_id`.
+    pub correlation_id: String,
+    /// AMQP `timestamp`, seconds since the epoch.
+    pub timestamp: u64,
+    /// String headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl StoredProperties {
+    /// The properties of `message`.
+    pub fn of(message: &Outgoing) -> Self {
+        let meta = message.meta();
+        Self {
+            event_type: meta.event_type.clone(),
+            correlation_id: meta.correlation_id.clone(),
+            timestamp: meta.occurred_at.timestamp().max(0) as u64,
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// The AMQP properties to publish with, message id included. A value that
+    /// does not fit its AMQP field (a short string over 255 bytes) is an error
+    /// naming the field: the relay marks such a row failed instead of panicking
+    /// on it.
+    pub fn to_amqp(&self, message_id: &str) -> Result<BasicProperties, String> {
+        let short = |field: &str, value: &str| {
+            ShortString::try_new(value).map_err(|e| format!("{field}: {e}"))
+        };
+        let mut headers = FieldTable::default();
+        for (k, v) in &self.headers {
+            headers.insert(
+                short("header name", k)?,
+                AMQPValue::LongString(v.as_str().into()),
+            );
+        }
+        Ok(BasicProperties::default()
+            .with_message_id(short("message id", message_id)?)
+            .with_type(short("event type", &self.event_type)?)
+            .with_content_type(CONTENT_TYPE_JSON.into())
+            .with_correlation_id(short("correlation id", &self.correlation_id)?)
+            .with_timestamp(self.timestamp)
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers))
+    }
+}
+
+/// A row about to be inserted.
+#[derive(Debug)]
+pub struct NewOutboxRow<'a> {
+    /// The outgoing message id (UUIDv7), fixed at insert.
+    pub message_id: &'a str,
+    /// Exchange to publish to.
+    pub exchange: &'a str,
+    /// Routing key.
+    pub routing_key: &'a str,
+    /// Properties as JSON.
+    pub properties: String,
+    /// The envelope body.
+    pub body: Vec<u8>,
+}
+
+/// An unpublished row, as the relay reads it.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Row id; the publish order.
+    pub id: i64,
+    /// The outgoing message id.
+    pub message_id: String,
+    /// Exchange to publish to.
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Properties as stored.
+    pub properties: StoredProperties,
+    /// The envelope body.
+    pub body: Vec<u8>,
+    /// Publish attempts so far.
+    pub attempts: i64,
+}
+
+/// What became of one row the relay tried to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// Confirmed by the broker.
+    Published,
+    /// Refused for good (unroutable); kept aside until an operator retries it.
+    Failed(String),
+    /// Not confirmed (broker nack, lost connection); stays pending for the next pass.
+    Retry(String),
+}
+
+/// A row the relay gave up on.
+#[derive(Debug, Clone)]
+pub struct FailedRow {
+    /// Row id.
+    pub id: i64,
+    /// The outgoing message id.
+    pub message_id: String,
+    /// Exchange.
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Why it failed.
+    pub last_error: String,
+    /// Publish attempts.
+    pub attempts: i64,
+}
+
+/// What `warren outbox status` shows.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxStatus {
+    /// Rows waiting to be published.
+    pub pending: i64,
+    /// When the oldest waiting row was written.
+    pub oldest_pending: Option<DateTime<Utc>>,
+    /// Rows published and not yet deleted by housekeeping.
+    pub published: i64,
+    /// Rows the relay gave up on.
+    pub failed: Vec<FailedRow>,
+}
+
+impl OutboxStatus {
+    /// Age of the oldest pending row, in seconds (0 when nothing is pending).
+    pub fn oldest_pending_age_seconds(&self, now: DateTime<Utc>) -> f64 {
+        self.oldest_pending
+            .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0)
+            .unwrap_or(0.0)
+    }
+}
+
+impl<'a> NewOutboxRow<'a> {
+    /// The row for `message`, or why it could never be published: an id, event
+    /// type or correlation id the AMQP properties cannot carry, an exchange or
+    /// routing key over 255 bytes.
+    pub(crate) fn of(
+        exchange: &'a str,
+        routing_key: &'a str,
+        message: &'a Outgoing,
+    ) -> Result<Self, String> {
+        check_route(exchange, routing_key)?;
+        message.validate()?;
+        let properties = serde_json::to_string(&StoredProperties::of(message))
+            .expect("properties of strings and numbers always serialize");
+        Ok(NewOutboxRow {
+            message_id: &message.meta().message_id,
+            exchange,
+            routing_key,
+            properties,
+            body: message.body(),
+        })
+    }
+}
+
+/// Exchange names and routing keys are AMQP short strings.
+pub(crate) fn check_route(exchange: &str, routing_key: &str) -> Result<(), String> {
+    for (field, value) in [("exchange", exchange), ("routing key", routing_key)] {
+        if value.len() > MAX_SHORT_STRING_LEN {
+            return Err(format!(
+                "{field} is {} bytes, the limit is {}",
+                value.len(),
+                MAX_SHORT_STRING_LEN
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses a stored properties column; a row that cannot be read is failed, not
+/// published with made-up properties.
+pub(crate) fn parse_properties(json: &str) -> Result<StoredProperties, String> {
+    serde_json::from_str(json).map_err(|e| format!("stored properties are not readable: {e}"))
+}
+
+/// An outbox row as selected for publishing: id, message id, exchange, routing
+/// key, properties (JSON), body, attempts.
+pub(crate) type RawOutboxRow = (i64, String, String, String, String, Vec<u8>, i64);
+
+/// A failed row as selected: id, message id, exchange, routing key, last error,
+/// attempts.
+pub(crate) type RawFailedRow = (i64, String, String, String, Option<String>, i64);
+
+/// Turns raw outbox rows into [`OutboxRow`]s; rows whose stored properties cannot
+/// be read come back as failed outcomes instead.
+pub(crate) fn from_raw(raw: Vec<RawOutboxRow>) -> (Vec<OutboxRow>, Vec<(i64, RowOutcome)>) {
+    let mut rows = Vec::with_capacity(raw.len());
+    let mut unreadable = Vec::new();
+    for (id, message_id, exchange, routing_key, properties, body, attempts) in raw {
+        match parse_properties(&properties) {
+            Ok(properties) => rows.push(OutboxRow {
+                id,
+                message_id,
+                exchange,
+                routing_key,
+                properties,
+                body,
+                attempts,
+            }),
+            Err(e) => unreadable.push((id, RowOutcome::Failed(e))),
+        }
+    }
+    (rows, unreadable)
+}
+
+/// Turns failed rows as selected into [`FailedRow`]s.
+pub(crate) fn failed_from_raw(raw: Vec<RawFailedRow>) -> Vec<FailedRow> {
+    raw.into_iter()
+        .map(
+            |(id, message_id, exchange, routing_key, last_error, attempts)| FailedRow {
+                id,
+                message_id,
+                exchange,
+                routing_key,
+                last_error: last_error.unwrap_or_default(),
+                attempts,
+            },
+        )
+        .collect()
+}

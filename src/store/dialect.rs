@@ -1,0 +1,293 @@
+//! What one SQL database needs to say for warren's store to run on it.
+//!
+//! The operations whose SQL differs only in dialect (placeholders, time
+//! functions, how a batch is limited) are written once, in [`super::sql`],
+//! against the statements a dialect supplies in [`Statements`]. What really
+//! differs between databases is a hook on [`SqlDialect`]:
+//!
+//! - how a writing transaction begins ([`Statements::begin`]) and how concurrent
+//!   migrators are serialized ([`Statements::lock_migrations`] and
+//!   [`Statements::unlock_migrations`]);
+//! - the check that a transaction can still commit
+//!   ([`SqlDialect::check_before_commit`]);
+//! - how a relay takes a batch so that no other relay takes it too
+//!   ([`SqlDialect::take_batch`]: row locks with `SKIP LOCKED`, or leases);
+//! - wake-ups from other processes ([`Statements::notify_outbox`] and
+//!   [`SqlDialect::listen`]);
+//! - how a dialect tells a refused claim ([`SqlDialect::is_refused_claim`]).
+//!
+//! A third backend fits by implementing [`SqlDialect`] on its sqlx database type.
+//! MySQL/MariaDB, for instance: `BEGIN` for both begins and `GET_LOCK` /
+//! `RELEASE_LOCK` around migrations; a claim that is a plain `INSERT` whose duplicate-key error 1062 is
+//! a refused claim; `@@in_transaction` as the pre-commit check (a deadlock rolls
+//! the transaction back under the handler); `FOR UPDATE SKIP LOCKED` to take a
+//! batch; no `LISTEN`, so no notify statement and no listener; having no
+//! `RETURNING`, a [`Statements::redelivery_count`] query after the upsert; and
+//! plain `?` placeholders, which work because every statement binds its values
+//! in the order they appear.
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use sqlx::{Database, Decode, Encode, Pool, Type};
+
+use super::migrations::Migrations;
+use super::{OutboxListener, StoreError};
+use crate::outbox_row::{NewOutboxRow, RawOutboxRow};
+
+/// The SQL of one dialect, for the operations written once in this module.
+///
+/// Values are bound in the order each field's doc gives, which is also the order
+/// their placeholders first appear in the SQL: `$1`, `$2`... on PostgreSQL,
+/// `?1`, `?2`... on SQLite, and plain `?` works for a dialect that only has
+/// positional placeholders (MySQL). Times are bound and read as
+/// [`SqlDialect::Time`].
+#[derive(Debug)]
+pub struct Statements {
+    /// Begins a transaction that will write: the write lock is taken up front
+    /// where the database would otherwise upgrade a read lock half-way.
+    pub begin: &'static str,
+    /// Run just after [`begin`](Self::begin) in `migrate`, so that processes
+    /// starting at once apply migrations one after another; `None` where the
+    /// begin statement already serializes them.
+    pub lock_migrations: Option<&'static str>,
+    /// Releases a migration lock that the commit does not release, on the same
+    /// connection, whether the migrations applied or not.
+    pub unlock_migrations: Option<&'static str>,
+    /// Checks that the database answers.
+    pub ping: &'static str,
+    /// (consumer, message id, event type, correlation id, received at): inserts
+    /// the inbox row, affecting one row if the claim is new and none (or a
+    /// refused-claim error) if the message id was claimed before.
+    pub claim: &'static str,
+    /// (consumer, cutoff, batch): deletes up to `batch` inbox rows processed
+    /// before the cutoff.
+    pub purge_inbox: &'static str,
+    /// (consumer, cutoff, batch): deletes up to `batch` redelivery counts last
+    /// touched before the cutoff.
+    pub purge_redeliveries: &'static str,
+    /// (consumer, message id): adds one to the redelivery count, creating it at
+    /// 1, and returns it unless [`redelivery_count`](Self::redelivery_count) is
+    /// set.
+    pub record_redelivery: &'static str,
+    /// (consumer, message id): reads the count back, for a dialect whose upsert
+    /// cannot return it; run on the same transaction.
+    pub redelivery_count: Option<&'static str>,
+    /// (consumer, message id): forgets the redelivery count.
+    pub clear_redeliveries: &'static str,
+    /// (message id, exchange, routing key, properties, body): one outbox row.
+    pub insert_outbox: &'static str,
+    /// Run after each outbox insert, in the same transaction, to wake relays in
+    /// other processes at commit; `None` where the database cannot.
+    pub notify_outbox: Option<&'static str>,
+    /// (id): the row was published; frees any lease.
+    pub mark_published: &'static str,
+    /// (error, id): the row failed for good; frees any lease.
+    pub mark_failed: &'static str,
+    /// (error, id): the row stays pending for the next pass; frees any lease.
+    pub mark_retry: &'static str,
+    /// (): pending count, oldest pending creation time, published count, failed
+    /// count.
+    pub outbox_counts: &'static str,
+    /// (limit): id, message id, exchange, routing key, last error, attempts of
+    /// failed rows, oldest first.
+    pub failed_outbox_rows: &'static str,
+    /// (): puts every failed row back in the queue.
+    pub retry_all_failed: &'static str,
+    /// (id): puts one failed row back in the queue.
+    pub retry_failed_id: &'static str,
+    /// (cutoff, batch): deletes up to `batch` rows published before the cutoff.
+    pub delete_published_before: &'static str,
+    /// (name, value): stores a setting unless one of that name exists.
+    pub insert_setting: &'static str,
+    /// (name): reads a setting.
+    pub select_setting: &'static str,
+}
+
+/// A SQL database warren's store runs on: its statements and its hooks.
+///
+/// Implemented on the sqlx database types (`Postgres`, `Sqlite`) and reachable
+/// only inside warren: [`Dialect`](super::Dialect) is sealed by it.
+pub trait SqlDialect: Database {
+    /// The dialect's statements.
+    const SQL: Statements;
+    /// The dialect's migrations.
+    const MIGRATIONS: Migrations;
+
+    /// How the dialect binds and reads a point in time.
+    type Time: for<'q> Encode<'q, Self>
+        + Type<Self>
+        + for<'r> Decode<'r, Self>
+        + Send
+        + Sync
+        + Unpin
+        + 'static;
+
+    /// `t` as the dialect stores it.
+    fn time(t: DateTime<Utc>) -> Self::Time;
+
+    /// A stored time as a `DateTime`, if it reads as one.
+    fn parse_time(t: Self::Time) -> Option<DateTime<Utc>>;
+
+    /// How many rows a statement changed (sqlx has no trait for it).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Fails if the transaction on `conn` can no longer commit. Called by
+    /// [`Tx::commit`](super::Tx::commit) just before `COMMIT`.
+    fn check_before_commit(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+    /// Inserts one outbox row on `conn`, inside whatever transaction it is in.
+    fn insert_outbox<'c>(
+        conn: &'c mut Self::Connection,
+        row: &'c NewOutboxRow<'c>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
+
+    /// Takes up to `limit` unpublished rows, in any order, so that no other
+    /// relay takes them until the outcomes are recorded. Returns the rows and,
+    /// if the dialect holds the batch by keeping a transaction open, that
+    /// transaction: the outcomes are then recorded and committed in it.
+    fn take_batch(
+        pool: &Pool<Self>,
+        limit: i64,
+    ) -> impl Future<Output = Result<TakenBatch<Self>, StoreError>> + Send + '_;
+
+    /// A listener for outbox commits in other processes; `None` where the
+    /// database has no such thing.
+    fn listen(
+        _pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Option<OutboxListener>, StoreError>> + Send + '_ {
+        async { Ok(None) }
+    }
+
+    /// True if `e`, from the claim statement, means the message id was already
+    /// claimed, for a dialect that refuses a duplicate with an error instead of
+    /// ignoring it.
+    fn is_refused_claim(_e: &sqlx::Error) -> bool {
+        false
+    }
+}
+
+/// What [`SqlDialect::take_batch`] took: the transaction holding the rows, if the
+/// dialect keeps one open, and the rows.
+pub(crate) type TakenBatch<D> = (Option<sqlx::Transaction<'static, D>>, Vec<RawOutboxRow>);
+
+impl Statements {
+    /// Every statement with its name and the number of values it binds, as
+    /// documented on each field.
+    #[cfg(test)]
+    pub(crate) fn with_arity(&self) -> Vec<(&'static str, &'static str, usize)> {
+        let mut all = vec![
+            ("begin", self.begin, 0),
+            ("ping", self.ping, 0),
+            ("claim", self.claim, 5),
+            ("purge_inbox", self.purge_inbox, 3),
+            ("purge_redeliveries", self.purge_redeliveries, 3),
+            ("record_redelivery", self.record_redelivery, 2),
+            ("clear_redeliveries", self.clear_redeliveries, 2),
+            ("insert_outbox", self.insert_outbox, 5),
+            ("mark_published", self.mark_published, 1),
+            ("mark_failed", self.mark_failed, 2),
+            ("mark_retry", self.mark_retry, 2),
+            ("outbox_counts", self.outbox_counts, 0),
+            ("failed_outbox_rows", self.failed_outbox_rows, 1),
+            ("retry_all_failed", self.retry_all_failed, 0),
+            ("retry_failed_id", self.retry_failed_id, 1),
+            ("delete_published_before", self.delete_published_before, 2),
+            ("insert_setting", self.insert_setting, 2),
+            ("select_setting", self.select_setting, 1),
+        ];
+        let optional = [
+            ("lock_migrations", self.lock_migrations, 0),
+            ("unlock_migrations", self.unlock_migrations, 0),
+            ("redelivery_count", self.redelivery_count, 2),
+            ("notify_outbox", self.notify_outbox, 0),
+        ];
+        for (name, sql, arity) in optional {
+            if let Some(sql) = sql {
+                all.push((name, sql, arity));
+            }
+        }
+        all
+    }
+}
+
+/// The placeholders of `sql` (`$N`, `?N` or a plain `?`, which counts as the
+/// next number), in the order they appear.
+#[cfg(test)]
+pub(crate) fn placeholders(sql: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find(['$', '?']) {
+        let digits: String = rest[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        found.push(match digits.parse() {
+            Ok(n) => n,
+            Err(_) => found.len() + 1,
+        });
+        rest = &rest[at + 1 + digits.len()..];
+    }
+    found
+}
+
+/// How many values `sql` binds, checking that its placeholders first appear in
+/// bind order (1, 2, 3...), so that a dialect with only positional `?` could
+/// write the same statement.
+#[cfg(test)]
+pub(crate) fn arity_in_order(sql: &str) -> usize {
+    let mut first_seen = Vec::new();
+    for n in placeholders(sql) {
+        if !first_seen.contains(&n) {
+            first_seen.push(n);
+        }
+    }
+    let in_order: Vec<usize> = (1..=first_seen.len()).collect();
+    assert_eq!(
+        first_seen, in_order,
+        "placeholders out of bind order in {sql}"
+    );
+    first_seen.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each dialect's statements bind what the shared code binds, in number.
+    fn check_statements<D: SqlDialect>() {
+        for (name, sql, arity) in D::SQL.with_arity() {
+            assert!(!sql.trim().is_empty(), "{} {name} is empty", D::NAME);
+            assert_eq!(arity_in_order(sql), arity, "{} {name}: {sql}", D::NAME);
+        }
+    }
+
+    #[test]
+    fn placeholders_are_counted_and_must_appear_in_bind_order() {
+        assert_eq!(arity_in_order("SELECT 1"), 0);
+        assert_eq!(
+            arity_in_order("UPDATE t SET a = $1, b = $1 WHERE id = $2"),
+            2
+        );
+        assert_eq!(arity_in_order("UPDATE t SET a = ? WHERE id = ?"), 2);
+        let out_of_order =
+            std::panic::catch_unwind(|| arity_in_order("UPDATE t SET a = ?2 WHERE id = ?1"));
+        assert!(out_of_order.is_err());
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_statements_bind_what_the_shared_code_binds() {
+        check_statements::<sqlx::Postgres>();
+        super::super::migrations::check_list(&sqlx::Postgres::MIGRATIONS, &[2, 1, 3, 2, 1]);
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_statements_bind_what_the_shared_code_binds() {
+        check_statements::<sqlx::Sqlite>();
+        super::super::migrations::check_list(&sqlx::Sqlite::MIGRATIONS, &[2, 1, 3, 1, 2, 1]);
+    }
+}

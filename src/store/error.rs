@@ -1,0 +1,151 @@
+//! The store's error, the questions callers ask of it, and what it means inside a
+//! handler.
+
+use crate::failure::HandlerError;
+
+/// An error from a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The transaction could not commit because an earlier statement had aborted
+    /// it (PostgreSQL then turns `COMMIT` into a silent rollback). Nothing was
+    /// applied and the transaction is rolled back. Inside a handler this means it
+    /// ignored a failed statement; see [`is_aborted`](Self::is_aborted).
+    #[error("the transaction had been aborted by an earlier statement: {0}")]
+    Aborted(#[source] sqlx::Error),
+    /// A migration failed to apply.
+    #[error("migration {version} ({name}) failed: {source}")]
+    Migration {
+        /// Migration number.
+        version: i64,
+        /// Migration name.
+        name: &'static str,
+        /// The database's error.
+        source: sqlx::Error,
+    },
+    /// The database URL or options are not usable.
+    #[error("invalid database configuration: {0}")]
+    Config(String),
+    /// A message handed to the outbox could never be published (a field too long
+    /// for its AMQP property, say). Nothing was written.
+    #[error("message refused by the outbox: {0}")]
+    InvalidMessage(String),
+}
+
+impl StoreError {
+    /// True if the database could not be reached or the connection broke; retrying
+    /// later is the right response.
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_connection_error(e),
+            _ => false,
+        }
+    }
+
+    /// True if the database refused a value that no retry can make acceptable; see
+    /// [`is_permanent_data_error`].
+    pub fn is_permanent_data_error(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_permanent_data_error(e),
+            _ => false,
+        }
+    }
+
+    /// True if a commit found its transaction already aborted by an earlier
+    /// statement, so nothing was applied ([`StoreError::Aborted`]).
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, StoreError::Aborted(_))
+    }
+}
+
+/// A store error inside a handler (writing to the outbox, say) is transient, for
+/// the same reasons as [`sqlx::Error`], except a message the outbox refused as
+/// unpublishable: the same message would be refused on every attempt.
+impl From<StoreError> for HandlerError {
+    fn from(e: StoreError) -> Self {
+        if matches!(e, StoreError::InvalidMessage(_)) {
+            HandlerError::permanent(e)
+        } else {
+            HandlerError::transient(e)
+        }
+    }
+}
+
+/// True if `e` is the database refusing the data itself, so that running the same
+/// message again would fail the same way:
+///
+/// - PostgreSQL: SQLSTATE class `22` (data exception: a NUL byte in text, a value
+///   too long for `varchar(n)`, a number out of range, text that is not a number),
+///   class `54` (program limit exceeded: an index row or a statement too large) and
+///   `23514` (a `CHECK` constraint);
+/// - SQLite: `SQLITE_TOOBIG` (18, a string or blob over the length limit),
+///   `SQLITE_MISMATCH` (20, a datatype mismatch), `SQLITE_CONSTRAINT_DATATYPE`
+///   (3091, a value of the wrong type in a `STRICT` table) and
+///   `SQLITE_CONSTRAINT_CHECK` (275).
+///
+/// Unique, foreign-key, not-null and exclusion violations are left out on purpose:
+/// they depend on other rows (a concurrent insert, a parent or reference row that
+/// has not arrived yet), so a later attempt can succeed.
+// Without a backend there is no error code to read.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_variables)
+)]
+pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        let code = pg.code();
+        return code.starts_with("22") || code.starts_with("54") || code == "23514";
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // sqlx reports SQLite's extended result code; its low byte is the primary.
+        let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok()) else {
+            return false;
+        };
+        return matches!(code & 0xff, 18 | 20) || matches!(code, 275 | 3091);
+    }
+    false
+}
+
+/// True if `e` means the database cannot be reached or is going away: a broken
+/// or unobtainable connection, or PostgreSQL's admin shutdown, crash shutdown and
+/// "cannot connect now" (starting up).
+pub fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+    ) || e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aborted_commit_is_told_apart_from_other_failures() {
+        let aborted = StoreError::Aborted(sqlx::Error::Protocol("25P02".into()));
+        assert!(aborted.is_aborted());
+        assert!(!aborted.is_connection_error());
+        let lost = StoreError::Database(sqlx::Error::PoolClosed);
+        assert!(!lost.is_aborted());
+        assert!(lost.is_connection_error());
+    }
+
+    #[test]
+    fn only_a_refused_message_is_permanent_in_a_handler() {
+        let refused: HandlerError = StoreError::InvalidMessage("too long".into()).into();
+        assert!(refused.is_permanent());
+        let lost: HandlerError = StoreError::Database(sqlx::Error::PoolClosed).into();
+        assert!(lost.is_transient());
+    }
+}

@@ -1,0 +1,4 @@
+CREATE TABLE warren_settings (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
