@@ -2,25 +2,21 @@
 //! confirms. Every AMQP call warren makes lives here.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
-use tokio::sync::Mutex;
+use lapin::{Channel, Connection, ConnectionProperties};
 
 #[cfg(test)]
 pub(crate) mod memory;
 mod port;
+mod publisher;
 
 pub(crate) use port::{Delivery, Port, Subscription};
+pub use publisher::{BatchItem, Publisher};
 
-use crate::envelope::Outgoing;
 use crate::tls::{TlsError, TlsOptions};
 use crate::topology::{ArgValue, ExchangeKind, QueueSpec, Topology};
 
@@ -454,190 +450,6 @@ pub(crate) async fn close_connection(connection: &Connection, reason: &str) {
 pub(crate) async fn close_channel(channel: &Channel, reason: &str) {
     if channel.status().connected() {
         let _ = tokio::time::timeout(CALL_TIMEOUT, channel.close(200, reason.into())).await;
-    }
-}
-
-/// Publishes with publisher confirms and `mandatory`, one channel shared by all
-/// callers. A publish returns only after the broker has taken responsibility for
-/// the message, so the caller may then ack or mark what it published.
-///
-/// If the channel dies (the broker closes it on an error), the next publish opens
-/// a new one.
-#[derive(Debug)]
-pub struct Publisher {
-    connection: Arc<Connection>,
-    channel: Mutex<Option<Channel>>,
-}
-
-impl Publisher {
-    /// A publisher on `connection`; the channel opens on first use.
-    pub fn new(connection: Arc<Connection>) -> Self {
-        Self {
-            connection,
-            channel: Mutex::new(None),
-        }
-    }
-
-    /// The confirm channel, opened on first use and again after it died. The
-    /// lock and the broker calls under it are bounded, so a frozen broker cannot
-    /// queue every publisher of the process behind one stuck caller.
-    async fn channel(&self) -> Result<Channel, BrokerError> {
-        let mut guard = tokio::time::timeout(CALL_TIMEOUT, self.channel.lock())
-            .await
-            .map_err(|_| BrokerError::Timeout {
-                call: "the publisher's channel lock".into(),
-                after: CALL_TIMEOUT,
-            })?;
-        if let Some(channel) = guard.as_ref().filter(|c| c.status().connected()) {
-            return Ok(channel.clone());
-        }
-        let channel = deadline("opening a channel", self.connection.create_channel()).await?;
-        deadline(
-            "confirm.select",
-            channel.confirm_select(ConfirmSelectOptions::default()),
-        )
-        .await?;
-        *guard = Some(channel.clone());
-        Ok(channel)
-    }
-
-    /// The largest frame the connection negotiated: the bound for a message's
-    /// headers.
-    pub(crate) fn frame_max(&self) -> usize {
-        match self.connection.configuration().frame_max() {
-            0 => crate::headers::DEFAULT_FRAME_MAX,
-            n => n as usize,
-        }
-    }
-
-    /// Publishes every item, then waits for all their confirms: one round trip
-    /// for the batch instead of one per message. Results are in input order.
-    pub async fn publish_batch(&self, items: &[BatchItem<'_>]) -> Vec<Result<(), BrokerError>> {
-        let channel = match self.channel().await {
-            Ok(c) => c,
-            Err(e) => {
-                let text = e.to_string();
-                return items
-                    .iter()
-                    .map(|_| Err(BrokerError::Unavailable(text.clone())))
-                    .collect();
-            }
-        };
-        let frame_max = self.frame_max();
-        let mut pending = Vec::with_capacity(items.len());
-        for item in items {
-            pending.push(send(&channel, item, frame_max).await);
-        }
-        let waits = pending
-            .into_iter()
-            .zip(items)
-            .map(|(sent, item)| async move {
-                let confirm = sent?;
-                let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-                    .await
-                    .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
-                confirmed(confirmation, item.exchange, item.routing_key)
-            });
-        futures_util::future::join_all(waits).await
-    }
-
-    /// Publishes an envelope built by [`Outgoing`] and waits for its confirm. A
-    /// message that fails [`Outgoing::validate`] is refused with
-    /// [`BrokerError::Invalid`].
-    pub async fn publish(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        message: &Outgoing,
-    ) -> Result<(), BrokerError> {
-        message.validate().map_err(BrokerError::Invalid)?;
-        self.publish_raw(exchange, routing_key, &message.body(), message.properties())
-            .await
-    }
-
-    /// Publishes arbitrary bytes and properties and waits for the confirm. For
-    /// republishing a delivery as it came (dead letters, retries) and for tests.
-    pub async fn publish_raw(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        properties: BasicProperties,
-    ) -> Result<(), BrokerError> {
-        let item = BatchItem {
-            exchange,
-            routing_key,
-            body,
-            properties,
-        };
-        let channel = self.channel().await?;
-        let confirm = send(&channel, &item, self.frame_max()).await?;
-        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-            .await
-            .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
-        confirmed(confirmation, exchange, routing_key)
-    }
-}
-
-/// Sends one `mandatory` publish; the returned future resolves with its confirm.
-/// Refuses, before anything reaches the wire, what AMQP cannot carry.
-async fn send(
-    channel: &Channel,
-    item: &BatchItem<'_>,
-    frame_max: usize,
-) -> Result<lapin::PublisherConfirm, BrokerError> {
-    let exchange = short("exchange", item.exchange)?;
-    let routing_key = short("routing key", item.routing_key)?;
-    crate::headers::check_frame_size(&item.properties, frame_max).map_err(BrokerError::Invalid)?;
-    deadline(
-        "basic.publish",
-        channel.basic_publish(
-            exchange,
-            routing_key,
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            item.body,
-            item.properties.clone(),
-        ),
-    )
-    .await
-}
-
-/// One message of a [`Publisher::publish_batch`].
-#[derive(Debug)]
-pub struct BatchItem<'a> {
-    /// Exchange.
-    pub exchange: &'a str,
-    /// Routing key.
-    pub routing_key: &'a str,
-    /// Body.
-    pub body: &'a [u8],
-    /// Properties.
-    pub properties: BasicProperties,
-}
-
-fn confirmed(
-    confirmation: Confirmation,
-    exchange: &str,
-    routing_key: &str,
-) -> Result<(), BrokerError> {
-    {
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(BrokerError::Unroutable {
-                    exchange: exchange.to_owned(),
-                    routing_key: routing_key.to_owned(),
-                    reply: returned.reply_text.to_string(),
-                })
-            }
-            Confirmation::Nack(None) | Confirmation::NotRequested => Err(BrokerError::Nacked {
-                exchange: exchange.to_owned(),
-                routing_key: routing_key.to_owned(),
-            }),
-        }
     }
 }
 

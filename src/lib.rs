@@ -13,7 +13,8 @@
 //!
 //! # Layout
 //!
-//! - `envelope`: parse and validate what arrives ([`Envelope`]), build what leaves ([`Outgoing`]).
+//! - `envelope`: parse and validate what arrives ([`Envelope`]).
+//! - `outgoing`: build what leaves, with its AMQP properties ([`Outgoing`]).
 //! - `handler`: the handler API: [`Message`], the [`Handler`] trait every `async fn` fits.
 //! - `registry`: the allowlist from `(event type, schema version)` to handler ([`Registry`]).
 //! - `failure`: the failure taxonomy: [`HandlerError`], [`DeadLetterReason`].
@@ -73,6 +74,7 @@ mod headers;
 mod idempotency;
 pub mod outbox;
 mod outbox_row;
+mod outgoing;
 mod pipeline;
 mod printable;
 mod registry;
@@ -101,7 +103,7 @@ pub use dead_letter::DeadLetterInfo;
 pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use envelope::{
     CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
-    MAX_MESSAGE_ID_LEN, Metadata, Outgoing,
+    MAX_MESSAGE_ID_LEN, Metadata,
 };
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
@@ -113,6 +115,7 @@ pub use headers::{
     HEADER_REPLAYED_AT, HEADER_SIGNATURE, HEADER_UNVERIFIED,
 };
 pub use idempotency::idempotency_key;
+pub use outgoing::Outgoing;
 pub use printable::{printable, printable_bytes};
 pub use registry::Registry;
 pub use relay::{

@@ -11,7 +11,8 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
-use crate::envelope::{CONTENT_TYPE_JSON, Outgoing};
+use crate::envelope::CONTENT_TYPE_JSON;
+use crate::outgoing::Outgoing;
 
 /// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

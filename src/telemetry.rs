@@ -5,9 +5,11 @@
 //! (`consumer_messages_processed_total` and friends), labelled by consumer and
 //! queue; install any `metrics` recorder to export them.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram};
 
 use crate::failure::DeadLetterReason;
 
@@ -192,6 +194,74 @@ pub(crate) struct Telemetry {
     consumer: Arc<str>,
     queue: Arc<str>,
     stats: StatsHandle,
+    /// The per-message metrics, registered once, on the first message: by then
+    /// the application has installed its recorder (a handle taken earlier would
+    /// stay bound to the no-op one), and no message pays for label strings.
+    hot: Arc<OnceLock<HotMetrics>>,
+}
+
+/// Handles of the metrics every delivery touches.
+#[derive(Debug)]
+struct HotMetrics {
+    in_flight: Gauge,
+    age: Histogram,
+    duration: Histogram,
+    duplicates: Counter,
+    retries: Counter,
+    /// `consumer_messages_processed_total` by result, in [`Outcome::index`] order.
+    processed: [Counter; 5],
+    /// `consumer_dead_letter_total` by reason, in [`DeadLetterReason::ALL`] order.
+    dead_letters: Vec<Counter>,
+}
+
+impl HotMetrics {
+    fn register(consumer: &str, queue: &str) -> Self {
+        let labels = [
+            ("consumer", consumer.to_owned()),
+            ("queue", queue.to_owned()),
+        ];
+        let with = |name: &'static str, value: &'static str| {
+            let mut l: Vec<(&'static str, String)> = labels.to_vec();
+            l.push((name, value.to_owned()));
+            l
+        };
+        let results = [
+            "applied",
+            "duplicate",
+            "dead-lettered",
+            "retried",
+            "returned",
+        ];
+        Self {
+            in_flight: metrics::gauge!("consumer_in_flight", &labels),
+            age: metrics::histogram!("consumer_message_age_seconds", &labels),
+            duration: metrics::histogram!("consumer_processing_duration_seconds", &labels),
+            duplicates: metrics::counter!("consumer_duplicates_total", &labels),
+            retries: metrics::counter!("consumer_retry_total", &labels),
+            processed: results.map(|r| {
+                metrics::counter!("consumer_messages_processed_total", &with("result", r))
+            }),
+            dead_letters: DeadLetterReason::ALL
+                .iter()
+                .map(|r| {
+                    metrics::counter!("consumer_dead_letter_total", &with("reason", r.as_str()))
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Outcome {
+    /// Position in [`HotMetrics::processed`].
+    fn index(self) -> usize {
+        match self {
+            Outcome::Applied => 0,
+            Outcome::Duplicate => 1,
+            Outcome::DeadLettered(_) => 2,
+            Outcome::Retried => 3,
+            Outcome::Returned => 4,
+        }
+    }
 }
 
 impl Telemetry {
@@ -200,7 +270,13 @@ impl Telemetry {
             consumer: consumer.into(),
             queue: queue.into(),
             stats: StatsHandle::default(),
+            hot: Arc::default(),
         }
+    }
+
+    fn hot(&self) -> &HotMetrics {
+        self.hot
+            .get_or_init(|| HotMetrics::register(&self.consumer, &self.queue))
     }
 
     pub(crate) fn stats(&self) -> &StatsHandle {
@@ -308,11 +384,11 @@ impl Telemetry {
     }
 
     pub(crate) fn message_age(&self, seconds: f64) {
-        metrics::histogram!("consumer_message_age_seconds", &self.labels()).record(seconds);
+        self.hot().age.record(seconds);
     }
 
     pub(crate) fn in_flight(&self, delta: f64) {
-        metrics::gauge!("consumer_in_flight", &self.labels()).increment(delta);
+        self.hot().in_flight.increment(delta);
     }
 
     pub(crate) fn panic(&self) {
@@ -341,29 +417,17 @@ impl Telemetry {
         };
         counter.fetch_add(1, Ordering::Relaxed);
 
-        let labels = self.labels();
-        let [(_, consumer), (_, queue)] = &labels;
-        metrics::counter!(
-            "consumer_messages_processed_total",
-            "consumer" => consumer.clone(),
-            "queue" => queue.clone(),
-            "result" => outcome.as_str()
-        )
-        .increment(1);
-        metrics::histogram!("consumer_processing_duration_seconds", &labels)
-            .record(elapsed.as_secs_f64());
+        let hot = self.hot();
+        hot.processed[outcome.index()].increment(1);
+        hot.duration.record(elapsed.as_secs_f64());
         match outcome {
-            Outcome::Duplicate => {
-                metrics::counter!("consumer_duplicates_total", &labels).increment(1);
+            Outcome::Duplicate => hot.duplicates.increment(1),
+            Outcome::Retried => hot.retries.increment(1),
+            Outcome::DeadLettered(reason) => {
+                if let Some(i) = DeadLetterReason::ALL.iter().position(|r| *r == reason) {
+                    hot.dead_letters[i].increment(1);
+                }
             }
-            Outcome::Retried => metrics::counter!("consumer_retry_total", &labels).increment(1),
-            Outcome::DeadLettered(reason) => metrics::counter!(
-                "consumer_dead_letter_total",
-                "consumer" => consumer.clone(),
-                "queue" => queue.clone(),
-                "reason" => reason.as_str()
-            )
-            .increment(1),
             Outcome::Applied | Outcome::Returned => {}
         }
 

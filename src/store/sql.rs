@@ -378,7 +378,7 @@ where
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
-    use crate::envelope::Outgoing;
+    use crate::outgoing::Outgoing;
     use crate::store::SqliteStore;
 
     async fn store(dir: &tempfile::TempDir) -> SqliteStore {

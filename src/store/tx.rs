@@ -5,8 +5,9 @@ use std::ops::{Deref, DerefMut};
 use sqlx::Database;
 
 use super::{Dialect, StoreError, is_connection_error};
-use crate::envelope::{Metadata, Outgoing};
+use crate::envelope::Metadata;
 use crate::outbox_row::NewOutboxRow;
+use crate::outgoing::Outgoing;
 
 /// The open database transaction a handler writes in.
 ///

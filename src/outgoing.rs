@@ -1,0 +1,176 @@
+//! What leaves: an envelope built for publishing, with its AMQP properties.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use lapin::BasicProperties;
+use lapin::types::ShortString;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
+use crate::envelope::{CONTENT_TYPE_JSON, MAX_MESSAGE_ID_LEN, Metadata};
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireOut<'a> {
+    message_id: &'a str,
+    event_type: &'a str,
+    schema_version: u32,
+    occurred_at_utc: String,
+    correlation_id: &'a str,
+    causation_id: Option<&'a str>,
+    payload: &'a RawValue,
+}
+
+/// A message ready to publish: envelope body plus the AMQP properties that go with it.
+///
+/// The message id is a UUIDv7 fixed at construction, so every publish attempt of
+/// this value carries the same id and downstream inboxes can deduplicate it.
+///
+/// ```
+/// use warren::Outgoing;
+/// #[derive(serde::Serialize)]
+/// struct InvoicePaid { invoice_id: String }
+///
+/// let msg = Outgoing::new("billing.invoice-paid.v1", 1, &InvoicePaid { invoice_id: "inv_1".into() })?;
+/// let props = msg.properties();
+/// assert_eq!(props.message_id().as_ref().map(|s| s.as_str()), Some(msg.meta().message_id.as_str()));
+/// assert_eq!(msg.meta().correlation_id, msg.meta().message_id); // a new flow starts here
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    meta: Metadata,
+    payload: Box<RawValue>,
+}
+
+impl Outgoing {
+    /// A new message that starts a flow: fresh UUIDv7 id, occurred now, correlation
+    /// id equal to its own id, no causation id.
+    pub fn new<T: Serialize + ?Sized>(
+        event_type: impl Into<String>,
+        schema_version: u32,
+        payload: &T,
+    ) -> Result<Self, serde_json::Error> {
+        let id = uuid::Uuid::now_v7().to_string();
+        Ok(Self {
+            meta: Metadata {
+                message_id: id.clone(),
+                event_type: event_type.into(),
+                schema_version,
+                occurred_at: Utc::now(),
+                correlation_id: id,
+                causation_id: None,
+            },
+            payload: serde_json::value::to_raw_value(payload)?,
+        })
+    }
+
+    /// Marks this message as caused by `cause`: the correlation id is carried over
+    /// and the causation id is the cause's message id.
+    pub fn caused_by(mut self, cause: &Metadata) -> Self {
+        self.meta.correlation_id = cause.correlation_id.clone();
+        self.meta.causation_id = Some(cause.message_id.clone());
+        self
+    }
+
+    /// Sets the correlation id explicitly.
+    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.meta.correlation_id = id.into();
+        self
+    }
+
+    /// Overrides the message id. Use only to carry an id that already exists (for
+    /// example one stored in an outbox row); new messages get a UUIDv7.
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
+        self.meta.message_id = id.into();
+        self
+    }
+
+    /// Sets when the business event happened.
+    pub fn with_occurred_at(mut self, at: DateTime<Utc>) -> Self {
+        self.meta.occurred_at = at;
+        self
+    }
+
+    /// The envelope fields.
+    pub fn meta(&self) -> &Metadata {
+        &self.meta
+    }
+
+    /// The JSON body: the envelope with its payload.
+    pub fn body(&self) -> Vec<u8> {
+        let wire = WireOut {
+            message_id: &self.meta.message_id,
+            event_type: &self.meta.event_type,
+            schema_version: self.meta.schema_version,
+            occurred_at_utc: self
+                .meta
+                .occurred_at
+                .to_rfc3339_opts(SecondsFormat::Millis, true),
+            correlation_id: &self.meta.correlation_id,
+            causation_id: self.meta.causation_id.as_deref(),
+            payload: &self.payload,
+        };
+        serde_json::to_vec(&wire).expect("an envelope of strings and raw JSON always serializes")
+    }
+
+    /// Checks that every envelope field fits where it travels: ids and event type
+    /// non-empty, at most [`MAX_SHORT_STRING_LEN`] bytes (the AMQP limit of the
+    /// properties they are copied into; the message id at most
+    /// [`MAX_MESSAGE_ID_LEN`], what inboxes accept) and free of control
+    /// characters. [`Publisher::publish`](crate::Publisher::publish) and the
+    /// outbox refuse a message that fails this.
+    pub fn validate(&self) -> Result<(), String> {
+        let m = &self.meta;
+        let id_len = m.message_id.len();
+        if id_len == 0 || id_len > MAX_MESSAGE_ID_LEN {
+            return Err(format!(
+                "message id is {id_len} bytes; it must be 1 to {MAX_MESSAGE_ID_LEN}"
+            ));
+        }
+        if m.event_type.is_empty() {
+            return Err("event type is empty".into());
+        }
+        for (field, value) in [
+            ("message id", m.message_id.as_str()),
+            ("event type", m.event_type.as_str()),
+            ("correlation id", m.correlation_id.as_str()),
+            (
+                "causation id",
+                m.causation_id.as_deref().unwrap_or_default(),
+            ),
+        ] {
+            if value.len() > MAX_SHORT_STRING_LEN {
+                return Err(format!(
+                    "{field} is {} bytes, the limit is {MAX_SHORT_STRING_LEN}",
+                    value.len()
+                ));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(format!("{field} contains a control character"));
+            }
+        }
+        Ok(())
+    }
+
+    /// AMQP properties: message id, type, JSON content type, correlation id,
+    /// timestamp, persistent delivery. A field over the AMQP limit is left out
+    /// rather than panicking; [`validate`](Self::validate) reports it, and
+    /// warren's publishers refuse such a message before it gets here.
+    pub fn properties(&self) -> BasicProperties {
+        let mut props = BasicProperties::default()
+            .with_content_type(CONTENT_TYPE_JSON.into())
+            .with_timestamp(self.meta.occurred_at.timestamp().max(0) as u64)
+            .with_delivery_mode(PERSISTENT);
+        if let Ok(id) = ShortString::try_new(self.meta.message_id.as_str()) {
+            props = props.with_message_id(id);
+        }
+        if let Ok(kind) = ShortString::try_new(self.meta.event_type.as_str()) {
+            props = props.with_type(kind);
+        }
+        if let Ok(correlation) = ShortString::try_new(self.meta.correlation_id.as_str()) {
+            props = props.with_correlation_id(correlation);
+        }
+        props
+    }
+}
