@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::config_error::ConfigError;
 use crate::envelope::DEFAULT_MAX_BODY_BYTES;
 use crate::retry::RetryPolicy;
 use crate::tls::TlsOptions;
@@ -205,50 +205,62 @@ impl ConsumerConfig {
     }
 
     /// Checks every setting; the error names the setting and what is allowed.
-    pub fn validate(&self) -> Result<(), Error> {
-        let fail = |msg: String| Err(Error::Config(msg));
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field: &str, reason: String| Err(ConfigError::new(field, reason));
         if self.name.trim().is_empty() || self.name.len() > 200 {
-            return fail(format!(
-                "consumer name must be 1 to 200 bytes, got {} bytes",
-                self.name.len()
-            ));
+            return fail(
+                "consumer name",
+                format!("must be 1 to 200 bytes, got {} bytes", self.name.len()),
+            );
         }
         if self.name.chars().any(char::is_control) || self.queue.chars().any(char::is_control) {
-            return fail("consumer and queue names must not contain control characters".into());
+            return fail(
+                "consumer name",
+                "the consumer and queue names must not contain control characters".into(),
+            );
         }
         if self.queue.trim().is_empty() || self.queue.len() > 200 {
-            return fail(format!(
-                "queue name must be 1 to 200 characters, got {:?}",
-                self.queue
-            ));
+            return fail(
+                "queue",
+                format!("must be 1 to 200 characters, got {:?}", self.queue),
+            );
         }
         if self.exchange.is_some() && self.binding_keys.is_empty() {
-            return fail("an exchange needs at least one binding key".into());
+            return fail("binding keys", "an exchange needs at least one".into());
         }
         if self.prefetch == 0 {
-            return fail("prefetch must be at least 1 (0 would mean unlimited)".into());
+            return fail(
+                "prefetch",
+                "must be at least 1 (0 would mean unlimited)".into(),
+            );
         }
         if self.concurrency == 0 {
-            return fail("concurrency must be at least 1".into());
+            return fail("concurrency", "must be at least 1".into());
         }
         if self.concurrency > usize::from(self.prefetch) {
-            return fail(format!(
-                "concurrency ({}) must not exceed prefetch ({}): workers beyond the prefetch never get a message",
-                self.concurrency, self.prefetch
-            ));
+            return fail(
+                "concurrency",
+                format!(
+                    "must not exceed prefetch ({}), got {}: workers beyond the prefetch never get a message",
+                    self.prefetch, self.concurrency
+                ),
+            );
         }
-        self.retry.validate().map_err(Error::Config)?;
+        self.retry.validate()?;
         if !(self.timeout_warning_share > 0.0 && self.timeout_warning_share <= 1.0) {
-            return fail(format!(
-                "timeout warning share must be above 0 and at most 1, got {}",
-                self.timeout_warning_share
-            ));
+            return fail(
+                "timeout warning share",
+                format!(
+                    "must be above 0 and at most 1, got {}",
+                    self.timeout_warning_share
+                ),
+            );
         }
         if self.queue_metrics_interval.is_zero() {
-            return fail("queue metrics interval must be above zero".into());
+            return fail("queue metrics interval", "must be above zero".into());
         }
         if self.max_body_bytes == 0 {
-            return fail("max body size must be at least 1 byte".into());
+            return fail("max body size", "must be at least 1 byte".into());
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use crate::Error;
 use crate::broker::{self, Backoff, Port, Publisher, Subscription};
 use crate::config::ConsumerConfig;
+use crate::config_error::ConfigError;
 use crate::dispatcher::Dispatcher;
 use crate::failpoint;
 use crate::headers::Signer;
@@ -105,7 +106,7 @@ impl<S: Store> Consumer<S> {
     {
         self.inner.config.validate()?;
         failpoint::check_env().map_err(Error::Config)?;
-        broker::parse_urls(amqp_url).map_err(|e| Error::Config(e.to_string()))?;
+        broker::parse_urls(amqp_url).map_err(|e| ConfigError::new("broker URL", e.to_string()))?;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         loop {
             let prepared = async {

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::config_error::ConfigError;
+
 /// A database URL, checked: `postgres://...`, `sqlite://PATH`, or a plain file path
 /// (SQLite).
 #[derive(Clone, PartialEq, Eq)]
@@ -14,12 +16,13 @@ pub enum DatabaseUrl {
 }
 
 impl FromStr for DatabaseUrl {
-    type Err = String;
+    type Err = ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let refuse = |reason: String| Err(ConfigError::new("database URL", reason));
         let s = s.trim();
         if s.is_empty() {
-            return Err("database URL is empty: use postgres://... or sqlite://PATH".into());
+            return refuse("is empty: use postgres://... or sqlite://PATH".into());
         }
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             return Ok(DatabaseUrl::Postgres(s.to_owned()));
@@ -29,11 +32,11 @@ impl FromStr for DatabaseUrl {
         }
         if s.contains("://") {
             // Never the input itself: it may hold a password.
-            return Err(match scheme_of(s) {
+            return refuse(match scheme_of(s) {
                 Some(scheme) => format!(
                     "unsupported database URL scheme {scheme:?}: use postgres://... or sqlite://PATH"
                 ),
-                None => "unreadable database URL: use postgres://... or sqlite://PATH".into(),
+                None => "unreadable: use postgres://... or sqlite://PATH".into(),
             });
         }
         Ok(DatabaseUrl::Sqlite(format!("sqlite://{s}")))
@@ -249,14 +252,17 @@ mod tests {
             "sqlite://x.db".parse(),
             Ok(DatabaseUrl::Sqlite(_))
         ));
-        let err = "mysql://h/db".parse::<DatabaseUrl>().unwrap_err();
+        let err = "mysql://h/db"
+            .parse::<DatabaseUrl>()
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("unsupported") && err.contains("mysql"),
             "{err}"
         );
         assert!("".parse::<DatabaseUrl>().is_err());
         for bad in ["pg://u:SECRET@h/db", "u:SECRET@h://db"] {
-            let err = bad.parse::<DatabaseUrl>().unwrap_err();
+            let err = bad.parse::<DatabaseUrl>().unwrap_err().to_string();
             assert!(!err.contains("SECRET"), "{err}");
         }
     }

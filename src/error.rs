@@ -1,6 +1,7 @@
 //! The error a consumer run ends with.
 
 use crate::broker::BrokerError;
+use crate::config_error::ConfigError;
 use crate::store::StoreError;
 
 /// Why [`Consumer::run`](crate::Consumer::run) stopped with an error.
@@ -9,7 +10,7 @@ use crate::store::StoreError;
 pub enum Error {
     /// A setting is out of range; the message names it and what is allowed.
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// The broker could not be reached or refused an operation.
     #[error(transparent)]
     Broker(#[from] BrokerError),

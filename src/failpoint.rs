@@ -5,6 +5,8 @@
 //! makes the process abort with the given probability when it reaches the named
 //! point. Without the feature every point compiles to nothing.
 
+use crate::config_error::ConfigError;
+
 /// The crash points warren knows.
 pub const NAMES: &[&str] = &[
     "before-commit",
@@ -16,23 +18,27 @@ pub const NAMES: &[&str] = &[
 pub const ENV: &str = "WARREN_FAILPOINTS";
 
 /// Parses a `name=probability;...` specification.
-pub fn parse(spec: &str) -> Result<Vec<(&'static str, f64)>, String> {
+pub fn parse(spec: &str) -> Result<Vec<(&'static str, f64)>, ConfigError> {
+    parse_text(spec).map_err(|reason| ConfigError::new(ENV, reason))
+}
+
+fn parse_text(spec: &str) -> Result<Vec<(&'static str, f64)>, String> {
     let mut points = Vec::new();
     for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         let (name, p) = item
             .split_once('=')
-            .ok_or_else(|| format!("{ENV}: {item:?} is not NAME=PROBABILITY"))?;
+            .ok_or_else(|| format!("{item:?} is not NAME=PROBABILITY"))?;
         let name = NAMES
             .iter()
             .find(|n| **n == name.trim())
-            .ok_or_else(|| format!("{ENV}: unknown crash point {name:?}; known: {NAMES:?}"))?;
+            .ok_or_else(|| format!("unknown crash point {name:?}; known: {NAMES:?}"))?;
         let p: f64 = p
             .trim()
             .parse()
             .ok()
             .filter(|p: &f64| (0.0..=1.0).contains(p))
             .ok_or_else(|| {
-                format!("{ENV}: probability for {name} must be a number from 0 to 1, got {p:?}")
+                format!("probability for {name} must be a number from 0 to 1, got {p:?}")
             })?;
         points.push((*name, p));
     }
@@ -41,7 +47,7 @@ pub fn parse(spec: &str) -> Result<Vec<(&'static str, f64)>, String> {
 
 /// Validates `WARREN_FAILPOINTS` so that a typo stops the program at start rather
 /// than silently disabling a crash test.
-pub fn check_env() -> Result<(), String> {
+pub fn check_env() -> Result<(), ConfigError> {
     match std::env::var(ENV) {
         Ok(spec) => {
             parse(&spec)?;
@@ -89,15 +95,22 @@ mod tests {
             [("before-commit", 0.5), ("after-commit-before-ack", 1.0)]
         );
         assert!(parse("").unwrap().is_empty());
-        assert!(parse("nope=1").unwrap_err().contains("unknown crash point"));
+        assert!(
+            parse("nope=1")
+                .unwrap_err()
+                .reason()
+                .contains("unknown crash point")
+        );
         assert!(
             parse("before-commit=2")
                 .unwrap_err()
+                .reason()
                 .contains("from 0 to 1")
         );
         assert!(
             parse("before-commit")
                 .unwrap_err()
+                .reason()
                 .contains("NAME=PROBABILITY")
         );
     }

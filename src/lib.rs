@@ -25,6 +25,7 @@
 //! - `outbox_row`: the rows of `warren_outbox`, shared by the outbox, the store and the relay.
 //! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
 //! - `config`: a consumer's settings, checked in one place ([`ConsumerConfig`]).
+//! - `config_error`: which setting is wrong and why ([`ConfigError`]).
 //! - `consumer`: reconnection, intake and the relay beside it ([`Consumer`]).
 //! - `session`: one connected period with the broker, its monitor, the drain.
 //! - `dispatcher`: which buffered deliveries run next; how far an ack may reach.
@@ -59,6 +60,7 @@
 mod amqp;
 mod broker;
 mod config;
+mod config_error;
 mod consumer;
 mod database_url;
 mod dead_letter;
@@ -97,6 +99,7 @@ pub use config::{
     ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
     DEFAULT_SHUTDOWN_TIMEOUT,
 };
+pub use config_error::ConfigError;
 pub use consumer::Consumer;
 pub use database_url::{DatabaseUrl, redact_url, split_url_list};
 pub use dead_letter::DeadLetterInfo;
@@ -115,7 +118,7 @@ pub use headers::{
     HEADER_REPLAYED_AT, HEADER_SIGNATURE, HEADER_UNVERIFIED,
 };
 pub use idempotency::idempotency_key;
-pub use outgoing::Outgoing;
+pub use outgoing::{InvalidOutgoing, Outgoing};
 pub use printable::{printable, printable_bytes};
 pub use registry::Registry;
 pub use relay::{

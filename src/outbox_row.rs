@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
 use crate::envelope::CONTENT_TYPE_JSON;
-use crate::outgoing::Outgoing;
+use crate::outgoing::{InvalidOutgoing, Outgoing};
 
 /// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,9 +45,9 @@ impl StoredProperties {
     /// does not fit its AMQP field (a short string over 255 bytes) is an error
     /// naming the field: the relay marks such a row failed instead of panicking
     /// on it.
-    pub fn to_amqp(&self, message_id: &str) -> Result<BasicProperties, String> {
+    pub fn to_amqp(&self, message_id: &str) -> Result<BasicProperties, InvalidOutgoing> {
         let short = |field: &str, value: &str| {
-            ShortString::try_new(value).map_err(|e| format!("{field}: {e}"))
+            ShortString::try_new(value).map_err(|e| InvalidOutgoing(format!("{field}: {e}")))
         };
         let mut headers = FieldTable::default();
         for (k, v) in &self.headers {
@@ -161,7 +161,7 @@ impl<'a> NewOutboxRow<'a> {
         message: &'a Outgoing,
     ) -> Result<Self, String> {
         check_route(exchange, routing_key)?;
-        message.validate()?;
+        message.validate().map_err(|e| e.to_string())?;
         let properties = serde_json::to_string(&StoredProperties::of(message))
             .expect("properties of strings and numbers always serialize");
         Ok(NewOutboxRow {

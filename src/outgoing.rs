@@ -120,7 +120,11 @@ impl Outgoing {
     /// [`MAX_MESSAGE_ID_LEN`], what inboxes accept) and free of control
     /// characters. [`Publisher::publish`](crate::Publisher::publish) and the
     /// outbox refuse a message that fails this.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidOutgoing> {
+        self.check().map_err(InvalidOutgoing)
+    }
+
+    fn check(&self) -> Result<(), String> {
         let m = &self.meta;
         let id_len = m.message_id.len();
         if id_len == 0 || id_len > MAX_MESSAGE_ID_LEN {
@@ -174,3 +178,16 @@ impl Outgoing {
         props
     }
 }
+
+/// Why a message cannot be published as it is: which field, and what is wrong
+/// with it (too long for its AMQP property, a control character, empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidOutgoing(pub(crate) String);
+
+impl std::fmt::Display for InvalidOutgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidOutgoing {}

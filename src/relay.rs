@@ -15,6 +15,7 @@ use chrono::Utc;
 
 use crate::Error;
 use crate::broker::{self, Backoff, BatchItem, Publisher};
+use crate::config_error::ConfigError;
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
 use crate::store::{OutboxStore, StoreError};
@@ -109,26 +110,30 @@ impl RelayConfig {
     }
 
     /// Checks every setting; the error names it.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.batch_size == 0 {
-            return Err(Error::Config("relay batch size must be at least 1".into()));
+            return Err(ConfigError::new("relay batch size", "must be at least 1"));
         }
         if self.poll_interval.is_zero() {
-            return Err(Error::Config(
-                "relay poll interval must be above zero".into(),
+            return Err(ConfigError::new(
+                "relay poll interval",
+                "must be above zero",
             ));
         }
         if self.batch_deadline.is_zero() || self.batch_deadline > Duration::from_secs(3600) {
-            return Err(Error::Config(format!(
-                "relay batch deadline must be above zero and at most an hour, got {:?}",
-                self.batch_deadline
-            )));
+            return Err(ConfigError::new(
+                "relay batch deadline",
+                format!(
+                    "must be above zero and at most an hour, got {:?}",
+                    self.batch_deadline
+                ),
+            ));
         }
         if self.retention > crate::retention::MAX_RETENTION {
-            return Err(Error::Config(crate::retention::window_too_long(
+            return Err(ConfigError::new(
                 "relay retention",
-                self.retention,
-            )));
+                crate::retention::window_too_long("relay retention", self.retention),
+            ));
         }
         Ok(())
     }
@@ -251,7 +256,7 @@ impl<S: OutboxStore> Relay<S> {
         F: Future<Output = ()> + Send,
     {
         self.config.validate()?;
-        failpoint::check_env().map_err(Error::Config)?;
+        failpoint::check_env()?;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut wakeups = self.store.wakeups().subscribe();
         let mut listener = self.store.listen().await.unwrap_or_else(|e| {
@@ -488,16 +493,24 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
         // rest go out instead of stalling behind it.
         results = Vec::with_capacity(items.len());
         for item in &items {
-            results.push(
-                publisher
-                    .publish_raw(
-                        item.exchange,
-                        item.routing_key,
-                        item.body,
-                        item.properties.clone(),
-                    )
-                    .await,
-            );
+            let publish = || {
+                publisher.publish_raw(
+                    item.exchange,
+                    item.routing_key,
+                    item.body,
+                    item.properties.clone(),
+                )
+            };
+            let mut result = publish().await;
+            if matches!(&result, Err(e) if !e.is_unroutable() && !e.is_not_found() && !e.is_invalid())
+            {
+                // The channel may still have been closing from the row before
+                // (the broker's close races the next publish); once more, on the
+                // fresh channel the publisher then opens, gives the row its own
+                // answer.
+                result = publish().await;
+            }
+            results.push(result);
         }
     }
     failpoint::hit("relay-after-publish-before-mark");

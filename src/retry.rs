@@ -7,6 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::config_error::ConfigError;
+
 /// The default delay tiers: 5 s, 30 s, 2 min, 10 min, 30 min.
 pub const DEFAULT_TIERS: [Duration; 5] = [
     Duration::from_secs(5),
@@ -146,24 +148,26 @@ impl RetryPolicy {
         }
     }
 
-    /// Checks the policy; the error says what to fix.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the policy; the error names the setting and says what to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field: &str, reason: String| Err(ConfigError::new(field, reason));
         if self.tiers.is_empty() {
-            return Err("retry tiers: at least one delay is needed".into());
+            return fail("retry tiers", "at least one delay is needed".into());
         }
         if let Some(t) = self.tiers.iter().find(|t| t.as_millis() == 0) {
-            return Err(format!(
-                "retry tiers: a delay must be at least 1 ms, got {t:?}"
-            ));
+            return fail(
+                "retry tiers",
+                format!("a delay must be at least 1 ms, got {t:?}"),
+            );
         }
         if self.tiers.iter().any(|t| t.as_millis() > i64::MAX as u128) {
-            return Err("retry tiers: delay too long".into());
+            return fail("retry tiers", "delay too long".into());
         }
         if self.max_attempts == 0 {
-            return Err("max attempts must be at least 1".into());
+            return fail("max attempts", "must be at least 1".into());
         }
         if self.poison_limit == 0 {
-            return Err("poison limit must be at least 1".into());
+            return fail("poison limit", "must be at least 1".into());
         }
         Ok(())
     }
@@ -184,7 +188,11 @@ pub fn format_delay(d: Duration) -> String {
 }
 
 /// Parses `500ms`, `5s`, `2m`, `1h`, `30d` (days, for retention windows).
-pub fn parse_delay(s: &str) -> Result<Duration, String> {
+pub fn parse_delay(s: &str) -> Result<Duration, ConfigError> {
+    parse_delay_text(s).map_err(|reason| ConfigError::new("delay", reason))
+}
+
+fn parse_delay_text(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit())
@@ -286,8 +294,13 @@ mod tests {
             parse_delay("30d").unwrap(),
             Duration::from_secs(30 * 86_400)
         );
-        assert!(parse_delay("5").unwrap_err().contains("no unit"));
-        assert!(parse_delay("5x").unwrap_err().contains("unknown unit"));
+        assert!(parse_delay("5").unwrap_err().reason().contains("no unit"));
+        assert!(
+            parse_delay("5x")
+                .unwrap_err()
+                .reason()
+                .contains("unknown unit")
+        );
         assert!(parse_delay("s").is_err());
     }
 
@@ -297,6 +310,7 @@ mod tests {
             RetryPolicy::new([])
                 .validate()
                 .unwrap_err()
+                .reason()
                 .contains("at least one")
         );
         assert!(
@@ -319,11 +333,13 @@ mod tests {
         assert!(
             parse_delay("99999999999999999999999d")
                 .unwrap_err()
+                .reason()
                 .contains("too long")
         );
         assert!(
             parse_delay("300000000000000000d")
                 .unwrap_err()
+                .reason()
                 .contains("too long")
         );
     }

@@ -103,7 +103,9 @@ impl Publisher {
         routing_key: &str,
         message: &Outgoing,
     ) -> Result<(), BrokerError> {
-        message.validate().map_err(BrokerError::Invalid)?;
+        message
+            .validate()
+            .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         self.publish_raw(exchange, routing_key, &message.body(), message.properties())
             .await
     }

@@ -144,8 +144,8 @@ impl clap::builder::TypedValueParser for DatabaseUrlParser {
         value
             .to_str()
             .ok_or_else(|| invalid("not UTF-8".into()))?
-            .parse()
-            .map_err(invalid)
+            .parse::<DatabaseUrl>()
+            .map_err(|e| invalid(e.reason().to_owned()))
     }
 }
 
@@ -475,7 +475,7 @@ async fn run_inbox<S: OutboxStore>(store: &S, cmd: InboxCommand) -> Result<(), S
     if let Some(n) = max_attempts {
         policy = policy.with_max_attempts(n);
     }
-    policy.validate()?;
+    policy.validate().map_err(|e| e.to_string())?;
     if older_than > warren::MAX_RETENTION {
         return Err(format!(
             "--older-than {} is longer than the most warren accepts ({}d)",

@@ -85,8 +85,25 @@ pub struct Config {
     pub consumer_timeout: Duration,
 }
 
-fn key<T>(name: &str, r: Result<T, String>) -> Result<T, String> {
-    r.map_err(|e| format!("{name}: {e}"))
+fn key<T, E: Reason>(name: &str, r: Result<T, E>) -> Result<T, String> {
+    r.map_err(|e| format!("{name}: {}", e.reason_text()))
+}
+
+/// The part of an error that says what is wrong: the key is named separately.
+trait Reason {
+    fn reason_text(&self) -> String;
+}
+
+impl Reason for String {
+    fn reason_text(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Reason for warren::ConfigError {
+    fn reason_text(&self) -> String {
+        self.reason().to_owned()
+    }
 }
 
 impl Config {
