@@ -14,7 +14,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub(crate) mod memory;
 mod port;
 
