@@ -25,7 +25,9 @@
 //! Any [`OutboxStore`] works: [`sqlite_in_memory`] for a fresh database per
 //! test, [`SqliteStore::connect`](crate::SqliteStore::connect) on a file in a
 //! temporary directory, or [`PgStore::connect`](crate::PgStore::connect) with
-//! the URL of a test database.
+//! the URL of a test database. Give each test a database (or, on PostgreSQL, a
+//! schema through `search_path`) of its own: [`outbox`](TestConsumer::outbox)
+//! takes every pending row it finds, as a relay would.
 //!
 //! # Example
 //!
