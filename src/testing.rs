@@ -129,8 +129,9 @@ use crate::store::{OutboxStore, Store, StoreError};
 use crate::telemetry::{ConsumerStats, Telemetry};
 
 /// A fresh, empty SQLite database in memory, for one test. It has a single
-/// connection: a handler must do its work through its transaction, as it
-/// should anyway, not through a second connection of the pool.
+/// connection, which a delivery's transaction takes: a test that holds the
+/// connection itself (an open transaction of its own) while delivering waits
+/// for it.
 #[cfg(feature = "sqlite")]
 pub async fn sqlite_in_memory() -> Result<crate::SqliteStore, StoreError> {
     crate::SqliteStore::in_memory().await
@@ -164,9 +165,10 @@ pub enum Settled {
         /// Attempts made.
         attempts: u32,
     },
-    /// The outcome could not be recorded (the database was unreachable, or the
-    /// retry or dead-letter queue refused the copy): the message went back to
-    /// its queue.
+    /// The database was unreachable, so no outcome could be recorded: the
+    /// message went back to its queue without using an attempt. (A real
+    /// broker's retry or dead-letter queue refusing the copy ends the same way;
+    /// the kit's broker takes every copy.)
     Returned,
 }
 
