@@ -110,8 +110,6 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
-use serde::de::DeserializeOwned;
-use serde_json::value::RawValue;
 
 use crate::Error;
 use crate::amqp::{header_int, header_str};
@@ -119,14 +117,18 @@ use crate::broker::Delivery;
 use crate::broker::memory::{MemoryBroker, Published};
 use crate::config::ConsumerConfig;
 use crate::dead_letter::DeadLetterInfo;
-use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata, Outgoing};
+use crate::envelope::Outgoing;
 use crate::failure::DeadLetterReason;
 use crate::headers::{self, HEADER_ATTEMPT, HEADER_LAST_ERROR, Signer};
-use crate::outbox_row::{OutboxRow, RowOutcome};
+use crate::outbox_row::RowOutcome;
 use crate::pipeline::Pipeline;
 use crate::registry::Registry;
 use crate::store::{OutboxStore, Store, StoreError};
 use crate::telemetry::{ConsumerStats, Telemetry};
+
+mod outbox_message;
+
+pub use outbox_message::OutboxMessage;
 
 /// A fresh, empty SQLite database in memory, for one test. It has a single
 /// connection, which a delivery's transaction takes: a test that holds the
@@ -170,48 +172,6 @@ pub enum Settled {
     /// broker's retry or dead-letter queue refusing the copy ends the same way;
     /// the kit's broker takes every copy.)
     Returned,
-}
-
-/// An event a handler wrote to the outbox, as the relay would publish it.
-#[derive(Debug, Clone)]
-pub struct OutboxMessage {
-    /// The exchange it goes to.
-    pub exchange: String,
-    /// Its routing key.
-    pub routing_key: String,
-    /// Its envelope: message id, event type, correlation and causation ids.
-    pub meta: Metadata,
-    payload: Box<RawValue>,
-}
-
-impl OutboxMessage {
-    /// The payload, deserialized.
-    pub fn payload<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_str(self.payload.get())
-    }
-
-    /// The payload as JSON text, exactly as written.
-    pub fn payload_json(&self) -> &str {
-        self.payload.get()
-    }
-
-    fn of(row: &OutboxRow) -> Result<Self, InvalidMessage> {
-        let envelope = Envelope::parse(
-            Incoming {
-                message_id: Some(&row.message_id),
-                content_type: Some(crate::envelope::CONTENT_TYPE_JSON),
-                content_encoding: None,
-                body: &row.body,
-            },
-            usize::MAX,
-        )?;
-        Ok(Self {
-            exchange: row.exchange.clone(),
-            routing_key: row.routing_key.clone(),
-            payload: envelope.payload().to_owned(),
-            meta: envelope.meta,
-        })
-    }
 }
 
 /// A consumer without a broker: feeds deliveries to the handlers through
