@@ -9,7 +9,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub(crate) mod memory;
 mod port;
 mod publisher;

@@ -45,6 +45,7 @@
 //! - `idempotency`: stable keys for external calls ([`idempotency_key`]).
 //! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
 //! - `failpoint`: crash points for crash tests (feature `failpoints`).
+//! - `testing`: a test kit that runs handlers without a broker (feature `testing`).
 //!
 //! The guide below is the README; its examples compile as doc-tests.
 #![doc = ""]
@@ -87,6 +88,8 @@ mod session;
 mod shutdown;
 mod store;
 mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tls;
 mod topology;
 

@@ -10,6 +10,8 @@ mod crash;
 mod failures;
 mod hostile;
 mod inbox;
+#[cfg(feature = "testing")]
+mod kit;
 mod outages;
 mod outbox;
 mod poison;

@@ -71,6 +71,25 @@ impl SqlStore<Sqlite> {
             .await?;
         Ok(Self::with_pool(pool))
     }
+
+    /// A fresh database in memory, for tests: one connection that is never
+    /// closed, because an in-memory SQLite database lives as long as its one
+    /// connection and each new connection would open an empty one.
+    #[cfg(feature = "testing")]
+    pub(crate) async fn in_memory() -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")
+            .map_err(|e| StoreError::Config(format!("in-memory SQLite: {e}")))?
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        Ok(Self::with_pool(pool))
+    }
 }
 
 /// The text form of times in warren's SQLite tables, which compares correctly as

@@ -234,3 +234,6 @@ pub fn routes<B: BillingDb>(exchange: &str) -> Registry<B, Arc<str>> {
         .route(PAID_V1, 1, paid_v1::<B>)
         .route(PAID_V2, 2, paid_v2::<B>)
 }
+
+#[cfg(test)]
+mod tests;
