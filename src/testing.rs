@@ -117,7 +117,7 @@ use crate::broker::Delivery;
 use crate::broker::memory::{MemoryBroker, Published};
 use crate::config::ConsumerConfig;
 use crate::dead_letter::DeadLetterInfo;
-use crate::envelope::Outgoing;
+use crate::outgoing::Outgoing;
 use crate::failure::DeadLetterReason;
 use crate::headers::{self, HEADER_ATTEMPT, HEADER_LAST_ERROR, Signer};
 use crate::outbox_row::RowOutcome;

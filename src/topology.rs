@@ -6,6 +6,7 @@ use std::fmt;
 
 use std::time::Duration;
 
+use crate::config_error::ConfigError;
 use crate::retry::format_delay;
 
 /// RabbitMQ queue type.
@@ -29,13 +30,14 @@ impl QueueType {
 }
 
 impl std::str::FromStr for QueueType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "quorum" => Ok(QueueType::Quorum),
             "classic" => Ok(QueueType::Classic),
-            other => Err(format!(
-                "unknown queue type {other:?}: expected \"quorum\" or \"classic\""
+            other => Err(ConfigError::new(
+                "queue type",
+                format!("unknown: {other:?}; expected \"quorum\" or \"classic\""),
             )),
         }
     }

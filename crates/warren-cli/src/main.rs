@@ -252,7 +252,7 @@ struct Which {
 }
 
 fn parse_queue_type(s: &str) -> Result<QueueType, String> {
-    s.parse()
+    s.parse::<QueueType>().map_err(|e| e.reason().to_owned())
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -447,8 +447,15 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Dlq(cmd) => {
             let connection = connect().await?;
-            run_dlq(cmd, &connection).await?;
-            let _ = connection.close(200, "done".into()).await;
+            let done = run_dlq(cmd, &connection).await;
+            // Bounded: a broker that never answers the close must not keep the
+            // command from exiting once its work is done.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                connection.close(200, "done".into()),
+            )
+            .await;
+            done?;
         }
         Command::Outbox {
             database_url,

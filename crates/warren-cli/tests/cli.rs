@@ -19,10 +19,33 @@ fn warren_cmd() -> tokio::process::Command {
 }
 
 async fn warren(args: &[&str]) -> Output {
-    tokio::time::timeout(Duration::from_secs(120), warren_cmd().args(args).output())
-        .await
-        .unwrap_or_else(|_| panic!("warren {args:?} did not finish within 120 s"))
-        .unwrap()
+    let child = warren_cmd()
+        .args(args)
+        .env("RUST_LOG", "warn,warren=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    match tokio::time::timeout(Duration::from_secs(120), child.wait_with_output()).await {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // Say where it stood: the broker's view of its connections.
+            let channels = std::process::Command::new("rabbitmqctl")
+                .args([
+                    "list_channels",
+                    "name",
+                    "messages_unacknowledged",
+                    "messages_unconfirmed",
+                ])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            panic!(
+                "warren {args:?} (pid {pid:?}) did not finish within 120 s; channels:\n{channels}"
+            )
+        }
+    }
 }
 
 fn text(out: &Output) -> (String, String) {
