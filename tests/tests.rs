@@ -2,7 +2,10 @@
 //! Integration tests against the real broker and databases. One binary, one file
 //! per topic; every test gets its own queue names and its own database.
 
+// The shared fixtures, split by concern under tests/support/; tests import them
+// as `crate::util::...` (support/mod.rs re-exports every file).
 #[macro_use]
+#[path = "support/mod.rs"]
 mod util;
 
 #[cfg(feature = "failpoints")]

@@ -4,9 +4,10 @@
 //! that the CLI is tested against the same consumers the library's tests run.
 
 #[macro_use]
-#[path = "../../../tests/util.rs"]
-// Only part of the shared fixtures serves the CLI's tests.
-#[allow(dead_code)]
+#[path = "../../../tests/support/mod.rs"]
+// Only part of the shared fixtures serves the CLI's tests (none of the proxy, say,
+// whose re-export would then count as an unused import).
+#[allow(dead_code, unused_imports)]
 mod util;
 
 mod cli;

@@ -1,0 +1,278 @@
+//! Private broker names per test, with helpers to publish and inspect queues,
+//! and a consumer running in the background of a test.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use warren::lapin::options::{
+    BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use warren::lapin::types::FieldTable;
+use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
+use warren::{Consumer, ConsumerConfig, Error, Outgoing, Publisher, StatsHandle, Store};
+
+use super::db::{Backend, TestDb};
+use super::handlers::{EVENT, Job, routes, test_config};
+use super::{amqp_url, unique, wait_for};
+
+/// A test's broker names and a connection to inspect and publish with.
+pub struct TestBroker {
+    pub exchange: String,
+    pub queue: String,
+    pub name: String,
+    pub connection: Arc<Connection>,
+    pub publisher: Publisher,
+    pub extra_queues: Mutex<Vec<String>>,
+}
+
+impl TestBroker {
+    pub async fn new() -> Self {
+        let base = unique("wt");
+        let connection = Arc::new(warren::connect(&amqp_url(), "warren tests").await.unwrap());
+        TestBroker {
+            exchange: format!("{base}.events"),
+            queue: format!("{base}.jobs"),
+            name: format!("{base}-consumer"),
+            publisher: Publisher::new(Arc::clone(&connection)),
+            connection,
+            extra_queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The default test consumer configuration.
+    pub fn config(&self) -> ConsumerConfig {
+        test_config(&self.name, &self.queue, &self.exchange)
+    }
+
+    /// Declares a queue bound to the test exchange with `out.#`, where outbox events
+    /// land, and returns its name.
+    pub async fn capture(&self) -> String {
+        let config = self.downstream_config();
+        for q in warren::Topology::for_consumer(&config).queue_names() {
+            self.track_queue(q);
+        }
+        self.declare_config(&config).await;
+        config.queue
+    }
+
+    /// The configuration of a downstream consumer of the capture queue.
+    pub fn downstream_config(&self) -> ConsumerConfig {
+        test_config(
+            &format!("{}-downstream", self.name),
+            &format!("{}.capture", self.queue),
+            &self.exchange,
+        )
+        .bind(&self.exchange, ["out.#"])
+    }
+
+    /// Remembers another queue to delete at cleanup.
+    pub fn track_queue(&self, name: &str) {
+        self.extra_queues.lock().unwrap().push(name.to_owned());
+    }
+
+    pub fn dead_letter_queue(&self) -> String {
+        warren::dead_letter_queue_name(&self.queue)
+    }
+
+    /// Declares the default test consumer's topology, so publishes before the
+    /// consumer starts are routed.
+    pub async fn declare(&self) {
+        self.declare_config(&self.config()).await;
+    }
+
+    pub async fn declare_config(&self, config: &ConsumerConfig) {
+        let channel = self.connection.create_channel().await.unwrap();
+        warren::declare(&channel, &warren::Topology::for_consumer(config))
+            .await
+            .unwrap();
+        let _ = channel.close(200, "ok".into()).await;
+    }
+
+    /// Builds a valid message of version 1.
+    pub fn message(job: &Job) -> Outgoing {
+        Outgoing::new(EVENT, 1, job).unwrap()
+    }
+
+    pub async fn publish(&self, message: &Outgoing) {
+        self.publisher
+            .publish(&self.exchange, "test.job", message)
+            .await
+            .unwrap();
+    }
+
+    pub async fn publish_raw(&self, body: &[u8], properties: BasicProperties) {
+        self.publisher
+            .publish_raw(&self.exchange, "test.job", body, properties)
+            .await
+            .unwrap();
+    }
+
+    /// Ready messages in `queue` (not counting unacked ones).
+    pub async fn ready(&self, queue: &str) -> u32 {
+        self.passive(queue).await.message_count()
+    }
+
+    /// Consumers subscribed to `queue`.
+    pub async fn consumers(&self, queue: &str) -> u32 {
+        self.passive(queue).await.consumer_count()
+    }
+
+    async fn passive(&self, queue: &str) -> lapin::Queue {
+        // A fresh channel: a passive declare of a missing queue closes its channel.
+        let channel = self.connection.create_channel().await.unwrap();
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "ok".into()).await;
+        q
+    }
+
+    /// Takes every message from `queue` (acking each).
+    pub async fn drain(&self, queue: &str) -> Vec<Delivery> {
+        let channel = self.connection.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(msg) = channel
+            .basic_get(queue.into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            msg.delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap();
+            out.push(msg.delivery);
+        }
+        let _ = channel.close(200, "ok".into()).await;
+        out
+    }
+
+    pub async fn delete_queue(&self, queue: &str) {
+        let channel = self.connection.create_channel().await.unwrap();
+        let _ = channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await;
+        let _ = channel.close(200, "ok".into()).await;
+    }
+
+    pub async fn cleanup(self) {
+        let mut queues: Vec<String> = warren::Topology::for_consumer(&self.config())
+            .queue_names()
+            .map(String::from)
+            .collect();
+        queues.extend(self.extra_queues.lock().unwrap().drain(..));
+        for q in &queues {
+            self.delete_queue(q).await;
+        }
+        let channel = self.connection.create_channel().await.unwrap();
+        let _ = channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+        let _ = self.connection.close(200, "ok".into()).await;
+    }
+}
+
+/// A consumer running in the background of a test.
+pub struct Running {
+    pub stats: StatsHandle,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    pub fn start<S: Store>(consumer: Consumer<S>) -> Self {
+        Self::spawn(consumer.stats(), |stopped| async move {
+            consumer.run(&amqp_url(), stopped).await
+        })
+    }
+
+    /// Starts `consumer` with an outbox relay beside it (`run_with_relay`).
+    pub fn start_with_relay<S: warren::OutboxStore>(
+        consumer: Consumer<S>,
+        relay: warren::RelayConfig,
+    ) -> Self {
+        Self::spawn(consumer.stats(), |stopped| async move {
+            consumer.run_with_relay(&amqp_url(), relay, stopped).await
+        })
+    }
+
+    /// Spawns what `run` makes of the shutdown future.
+    fn spawn<F, Fut>(stats: StatsHandle, run: F) -> Self
+    where
+        F: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(run(Box::pin(async {
+            let _ = stopped.await;
+        })));
+        Running {
+            stats,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// True while `run` has not returned (nothing stopped the consumer).
+    pub fn is_running(&self) -> bool {
+        !self.handle.is_finished()
+    }
+
+    /// Requests a graceful shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> Result<(), Error> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("consumer did not stop within 60 s")
+            .expect("consumer task panicked")
+    }
+
+    /// Waits until `applied + duplicates + dead_lettered` reaches `n`.
+    pub async fn settled(&self, n: u64, timeout: Duration) -> bool {
+        let stats = self.stats.clone();
+        wait_for(timeout, move || {
+            let s = stats.snapshot();
+            async move { s.applied + s.duplicates + s.dead_lettered >= n }
+        })
+        .await
+    }
+}
+
+/// Runs the test's default consumer until `n` deliveries have settled (applied,
+/// duplicate or dead-lettered), stops it, and returns its counters.
+pub async fn consume_until<B: Backend>(
+    db: &TestDb<B>,
+    broker: &TestBroker,
+    n: u64,
+) -> warren::ConsumerStats {
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(
+        running.settled(n, Duration::from_secs(30)).await,
+        "not settled: {:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+    stats
+}

@@ -1,0 +1,206 @@
+//! A private database per test: a PostgreSQL schema or an SQLite file, with
+//! warren migrated and a table for the test handler's effects.
+
+use std::future::Future;
+
+use sqlx::{AssertSqlSafe, Postgres, Sqlite};
+use warren::{PgStore, SqliteStore, Store, Tx};
+
+use super::{pg_admin_url, unique};
+
+/// A database dialect under test.
+pub trait Backend: warren::Dialect {
+    type S: warren::OutboxStore + Store<Db = Self>;
+    const NAME: &'static str;
+    /// A fresh, private database with warren migrated and the effects table.
+    fn create() -> impl Future<Output = TestDb<Self>> + Send;
+    /// Opens a store on a URL produced by `create`.
+    fn open(url: &str) -> impl Future<Output = Self::S> + Send;
+    /// The non-idempotent effect: one new row per call.
+    fn insert_effect<'a>(
+        tx: &'a mut Tx<Self>,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    /// The store's pool.
+    fn pool(store: &Self::S) -> &sqlx::Pool<Self>;
+    /// Runs a `SELECT count(...)` inside `tx`.
+    fn count_in<'a>(
+        tx: &'a mut Tx<Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+    /// Runs a `SELECT count(...)` query.
+    fn count(store: &Self::S, sql: String) -> impl Future<Output = i64> + Send;
+    /// Runs a statement.
+    fn exec(store: &Self::S, sql: String) -> impl Future<Output = ()> + Send;
+}
+
+pub struct TestDb<B: Backend> {
+    pub store: B::S,
+    /// A URL another process can open the same database with.
+    // Read only by the crash tests, which need the `failpoints` feature; the CLI's
+    // tests share these files from a package that has no such feature to test for.
+    #[allow(dead_code)]
+    pub url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Schema(String),
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+}
+
+impl<B: Backend> TestDb<B> {
+    pub async fn effects(&self) -> i64 {
+        B::count(&self.store, "SELECT count(*) FROM test_effects".into()).await
+    }
+    pub async fn distinct_effects(&self) -> i64 {
+        B::count(
+            &self.store,
+            "SELECT count(DISTINCT message_id) FROM test_effects".into(),
+        )
+        .await
+    }
+    pub async fn effects_for(&self, message_id: &str) -> i64 {
+        B::count(
+            &self.store,
+            format!("SELECT count(*) FROM test_effects WHERE message_id = '{message_id}'"),
+        )
+        .await
+    }
+    pub async fn inbox(&self, consumer: &str) -> i64 {
+        B::count(
+            &self.store,
+            format!("SELECT count(*) FROM warren_inbox WHERE consumer_name = '{consumer}'"),
+        )
+        .await
+    }
+    pub async fn drop_db(self) {
+        if let Cleanup::Schema(schema) = &self.cleanup {
+            let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
+            sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+const EFFECTS_PG: &str =
+    "CREATE TABLE test_effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL)";
+const EFFECTS_SQLITE: &str =
+    "CREATE TABLE test_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)";
+
+impl Backend for Postgres {
+    type S = PgStore;
+    const NAME: &'static str = "postgres";
+
+    async fn create() -> TestDb<Self> {
+        let schema = unique("wt");
+        let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let base = pg_admin_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        let store = Self::open(&url).await;
+        store.migrate().await.unwrap();
+        sqlx::query(EFFECTS_PG).execute(store.pool()).await.unwrap();
+        TestDb {
+            store,
+            url,
+            cleanup: Cleanup::Schema(schema),
+        }
+    }
+
+    async fn open(url: &str) -> PgStore {
+        PgStore::connect(url, 12).await.unwrap()
+    }
+
+    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_effects (message_id) VALUES ($1)")
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
+    }
+
+    fn pool(store: &PgStore) -> &sqlx::Pool<Self> {
+        store.pool()
+    }
+
+    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
+    }
+
+    async fn count(store: &PgStore, sql: String) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn exec(store: &PgStore, sql: String) {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
+
+impl Backend for Sqlite {
+    type S = SqliteStore;
+    const NAME: &'static str = "sqlite";
+
+    async fn create() -> TestDb<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("test.db").display());
+        let store = Self::open(&url).await;
+        store.migrate().await.unwrap();
+        sqlx::query(EFFECTS_SQLITE)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        TestDb {
+            store,
+            url,
+            cleanup: Cleanup::Dir(dir),
+        }
+    }
+
+    async fn open(url: &str) -> SqliteStore {
+        SqliteStore::connect(url).await.unwrap()
+    }
+
+    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
+    }
+
+    fn pool(store: &SqliteStore) -> &sqlx::Pool<Self> {
+        store.pool()
+    }
+
+    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
+    }
+
+    async fn count(store: &SqliteStore, sql: String) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn exec(store: &SqliteStore, sql: String) {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,71 @@
+//! Shared test fixtures, one file per concern: a private database per test
+//! (`db`: a PostgreSQL schema or an SQLite file), private broker names and a
+//! consumer running in the background (`broker`), a handler with a deliberately
+//! non-idempotent effect (`handlers`), and a TCP proxy that faults one client
+//! (`proxy`). Tests import everything from here, not from the files.
+
+use std::future::Future;
+use std::time::Duration;
+
+mod broker;
+mod db;
+mod handlers;
+mod proxy;
+
+pub use broker::*;
+pub use db::*;
+pub use handlers::*;
+pub use proxy::*;
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+pub fn pg_admin_url() -> String {
+    std::env::var("WARREN_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A short random name unique to one test.
+pub fn unique(prefix: &str) -> String {
+    // The tail of a UUIDv7 is random; its head is the clock.
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("{prefix}_{}", &id[id.len() - 12..])
+}
+
+/// Polls `check` until it is true or `timeout` passes; returns the last answer.
+pub async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs a test body once per backend.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name::<sqlx::Postgres>().await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name::<sqlx::Sqlite>().await
+                }
+            }
+        )*
+    };
+}
