@@ -450,11 +450,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             let done = run_dlq(cmd, &connection).await;
             // Bounded: a broker that never answers the close must not keep the
             // command from exiting once its work is done.
-            let _ = tokio::time::timeout(
-                Duration::from_secs(5),
-                connection.close(200, "done".into()),
-            )
-            .await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into()))
+                    .await;
             done?;
         }
         Command::Outbox {
