@@ -24,6 +24,8 @@
 //! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
 //! - `outbox_row`: the rows of `warren_outbox`, shared by the outbox, the store and the relay.
 //! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
+//! - `relay_config`: a relay's settings ([`RelayConfig`]).
+//! - `beside`: the relay run beside a consumer, supervised ([`Consumer::run_with_relay`]).
 //! - `config`: a consumer's settings, checked in one place ([`ConsumerConfig`]).
 //! - `config_error`: which setting is wrong and why ([`ConfigError`]).
 //! - `consumer`: reconnection, intake and the relay beside it ([`Consumer`]).
@@ -59,6 +61,7 @@
 )]
 
 mod amqp;
+mod beside;
 mod broker;
 mod config;
 mod config_error;
@@ -82,6 +85,7 @@ mod pipeline;
 mod printable;
 mod registry;
 mod relay;
+mod relay_config;
 mod retention;
 mod retry;
 mod session;
@@ -124,9 +128,10 @@ pub use idempotency::idempotency_key;
 pub use outgoing::{InvalidOutgoing, Outgoing};
 pub use printable::{printable, printable_bytes};
 pub use registry::Registry;
-pub use relay::{
+pub use relay::{Relay, RelayStats, RelayStatsHandle};
+pub use relay_config::{
     DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,
-    DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, Relay, RelayConfig, RelayStats, RelayStatsHandle,
+    DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, RelayConfig,
 };
 pub use retention::{DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox};
 pub use retry::{

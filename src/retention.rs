@@ -125,7 +125,7 @@ mod tests {
         assert!(cutoff(Duration::MAX).is_none());
         assert!(cutoff(MAX_RETENTION).is_some());
         assert!(cutoff(7 * day).is_some_and(|t| t < Utc::now()));
-        let relay = crate::relay::RelayConfig::new("r").with_retention(Duration::MAX);
+        let relay = crate::relay_config::RelayConfig::new("r").with_retention(Duration::MAX);
         assert!(relay.validate().is_err());
         assert!(relay.with_retention(7 * day).validate().is_ok());
     }
