@@ -346,7 +346,31 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
     let mut outcomes: Vec<Option<RowOutcome>> = Vec::with_capacity(rows.len());
     let mut items: Vec<BatchItem<'_>> = Vec::with_capacity(rows.len());
     let mut item_rows = Vec::with_capacity(rows.len());
+    // A row to an exchange that does not exist is failed before anything is
+    // published: sent along, it would close the channel the others ride on.
+    let mut missing = std::collections::HashSet::new();
+    let mut exchanges: Vec<&str> = rows.iter().map(|r| r.exchange.as_str()).collect();
+    exchanges.sort_unstable();
+    exchanges.dedup();
+    for exchange in exchanges {
+        if !publisher.exchange_exists(exchange).await {
+            missing.insert(exchange);
+        }
+    }
     for (i, r) in rows.iter().enumerate() {
+        if missing.contains(r.exchange.as_str()) {
+            tracing::error!(
+                row_id = r.id,
+                message_id = %r.message_id,
+                exchange = %r.exchange,
+                "outbox message cannot be published; marked failed"
+            );
+            outcomes.push(Some(RowOutcome::Failed(format!(
+                "NOT_FOUND: no exchange {:?}",
+                r.exchange
+            ))));
+            continue;
+        }
         match r.properties.to_amqp(&r.message_id) {
             Ok(properties) => {
                 outcomes.push(None);
@@ -380,6 +404,8 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
         // one row at a time finds the culprit, so it alone is set aside and the
         // rest go out instead of stalling behind it.
         results = Vec::with_capacity(items.len());
+        // The batch's channel was closed by the bad row: start on a fresh one.
+        publisher.discard_channel().await;
         for item in &items {
             let publish = || {
                 publisher.publish_raw(
@@ -390,13 +416,20 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
                 )
             };
             let mut result = publish().await;
+            if result.is_err() {
+                // A refused publish closes the channel; the next row gets a
+                // fresh one rather than racing the close.
+                publisher.discard_channel().await;
+            }
             if matches!(&result, Err(e) if !e.is_unroutable() && !e.is_not_found() && !e.is_invalid())
             {
-                // The channel may still have been closing from the row before
-                // (the broker's close races the next publish); once more, on the
-                // fresh channel the publisher then opens, gives the row its own
-                // answer.
+                // This row may have failed only because the channel was still
+                // closing from the row before; once more, on a fresh channel,
+                // gives it its own answer.
                 result = publish().await;
+                if result.is_err() {
+                    publisher.discard_channel().await;
+                }
             }
             results.push(result);
         }

@@ -54,6 +54,53 @@ impl Publisher {
         Ok(channel)
     }
 
+    /// False if no exchange `name` exists (a passive declare answers
+    /// `NOT_FOUND`). Asked on a channel of its own, because publishing to a
+    /// missing exchange closes the publishing channel, and the publishes
+    /// pipelined behind it on that channel can make the broker close the whole
+    /// connection. Other errors answer true: the publish then says what is wrong.
+    pub(crate) async fn exchange_exists(&self, name: &str) -> bool {
+        if name.is_empty() {
+            return true; // the default exchange
+        }
+        let Ok(exchange) = short("exchange", name) else {
+            return true;
+        };
+        let Ok(channel) = deadline("opening a channel", self.connection.create_channel()).await
+        else {
+            return true;
+        };
+        let declared = deadline(
+            "a passive exchange declaration",
+            channel.exchange_declare(
+                exchange,
+                lapin::ExchangeKind::Topic,
+                lapin::options::ExchangeDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            ),
+        )
+        .await;
+        super::close_channel(&channel, "checked").await;
+        !matches!(declared, Err(e) if e.is_not_found())
+    }
+
+    /// Drops the cached channel, so the next publish opens a fresh one. After a
+    /// publish the broker refused by closing the channel, the client may still
+    /// see the channel as open for a moment; a publish in that moment fails for
+    /// no fault of its own.
+    pub(crate) async fn discard_channel(&self) {
+        let taken = match tokio::time::timeout(CALL_TIMEOUT, self.channel.lock()).await {
+            Ok(mut guard) => guard.take(),
+            Err(_) => None,
+        };
+        if let Some(channel) = taken {
+            super::close_channel(&channel, "discarded").await;
+        }
+    }
+
     /// The largest frame the connection negotiated: the bound for a message's
     /// headers.
     pub(crate) fn frame_max(&self) -> usize {
