@@ -32,6 +32,21 @@ fn relay_config(broker: &TestBroker) -> RelayConfig {
         .with_poll_interval(Duration::from_millis(200))
 }
 
+/// A private database and broker names, a capture queue for outbox events, and
+/// the test consumer running with its relay.
+async fn consumer_with_relay<B: Backend>() -> (crate::util::TestDb<B>, TestBroker, String, Running)
+{
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let running = Running::start_with_relay(
+        Consumer::new(broker.config(), db.store.clone(), routes::<B>()),
+        relay_config(&broker),
+    );
+    (db, broker, capture, running)
+}
+
 /// A valid envelope for `job` as JSON, to be bent by the test.
 fn envelope(id: &str, job: &Job) -> serde_json::Value {
     serde_json::json!({
@@ -87,14 +102,7 @@ async fn dead_letters(broker: &TestBroker) -> HashMap<String, (DeadLetterInfo, B
 /// Regression for every input named in the hostile-input issue: each one is
 /// published to a running consumer with its relay, followed by a valid message.
 async fn each_hostile_input_ends_where_the_readme_says<B: Backend>() {
-    let db = B::create().await;
-    let broker = TestBroker::new().await;
-    broker.declare().await;
-    let capture = broker.capture().await;
-    let running = Running::start_with_relay(
-        Consumer::new(broker.config(), db.store.clone(), routes::<B>()),
-        relay_config(&broker),
-    );
+    let (db, broker, capture, running) = consumer_with_relay::<B>().await;
 
     let id = |case: &str| format!("{}-{case}", broker.name);
     let ok = Job::ok();
@@ -486,14 +494,7 @@ fn generate(rng: &mut fastrand::Rng, base: &str, n: usize, exchange: &str) -> Ge
 /// headers and oversized headers. The consumer and the relay stay up, and every
 /// message is applied once or dead-lettered with a reason.
 async fn generated_hostile_input_never_stops_the_consumer_or_the_relay<B: Backend>() {
-    let db = B::create().await;
-    let broker = TestBroker::new().await;
-    broker.declare().await;
-    let capture = broker.capture().await;
-    let running = Running::start_with_relay(
-        Consumer::new(broker.config(), db.store.clone(), routes::<B>()),
-        relay_config(&broker),
-    );
+    let (db, broker, capture, running) = consumer_with_relay::<B>().await;
     let seed = std::env::var("WARREN_FUZZ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -20,7 +20,14 @@ use crate::outgoing::Outgoing;
 pub struct Publisher {
     connection: Arc<Connection>,
     channel: Mutex<Option<Channel>>,
+    /// Exchanges seen to exist, and when: the relay asks before every batch,
+    /// and one answer serves for [`EXCHANGE_CHECK_TTL`] instead of a round trip
+    /// per batch. An exchange deleted meanwhile is still caught by the publish.
+    known_exchanges: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
+
+/// How long an exchange seen to exist is taken to still exist.
+const EXCHANGE_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Publisher {
     /// A publisher on `connection`; the channel opens on first use.
@@ -28,6 +35,7 @@ impl Publisher {
         Self {
             connection,
             channel: Mutex::new(None),
+            known_exchanges: Default::default(),
         }
     }
 
@@ -63,6 +71,16 @@ impl Publisher {
         if name.is_empty() {
             return true; // the default exchange
         }
+        let fresh = |seen: &std::time::Instant| seen.elapsed() < EXCHANGE_CHECK_TTL;
+        if self
+            .known_exchanges
+            .lock()
+            .expect("never poisoned: no panic while held")
+            .get(name)
+            .is_some_and(fresh)
+        {
+            return true;
+        }
         let Ok(exchange) = short("exchange", name) else {
             return true;
         };
@@ -84,7 +102,14 @@ impl Publisher {
         )
         .await;
         super::close_channel(&channel, "checked").await;
-        !matches!(declared, Err(e) if e.is_not_found())
+        let exists = !matches!(declared, Err(e) if e.is_not_found());
+        if exists {
+            self.known_exchanges
+                .lock()
+                .expect("never poisoned: no panic while held")
+                .insert(name.to_owned(), std::time::Instant::now());
+        }
+        exists
     }
 
     /// Drops the cached channel, so the next publish opens a fresh one. After a
