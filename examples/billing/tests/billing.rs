@@ -735,13 +735,18 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
     .collect();
     assert_eq!(stored, want);
 
-    let letters = warren::DeadLetterQueue::new(
+    // `billing status` browses the dead-letter queue; messages it held come
+    // back ready once its channel closes, so wait for all of them.
+    let dlq = warren::DeadLetterQueue::new(
         std::sync::Arc::clone(&connection),
         &format!("{prefix}.invoice-paid"),
-    )
-    .list(100)
-    .await
-    .unwrap();
+    );
+    let listed = wait_for(Duration::from_secs(30), || async {
+        dlq.list(100).await.unwrap().len() == 8
+    })
+    .await;
+    let letters = dlq.list(100).await.unwrap();
+    assert!(listed, "{} dead letters listed", letters.len());
     assert_eq!(letters.len(), 8);
     for letter in &letters {
         let info = letter.info.as_ref().unwrap();
