@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use sqlx::{Postgres, Sqlite};
+use warren::broker::BatchItem;
 use warren::lapin;
 use warren::lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use warren::lapin::types::FieldTable;
 use warren::{
-    BatchItem, Consumer, ConsumerConfig, HandlerError, Message, Outgoing, PgStore, Publisher,
-    QueueType, Registry, SqliteStore, Store, Topology, Tx,
+    Consumer, ConsumerConfig, HandlerError, Message, Outgoing, PgStore, Publisher, QueueType,
+    Registry, SqliteStore, Store, Topology, Tx,
 };
 
 async fn record_sqlite(
@@ -77,13 +78,16 @@ async fn fill(publisher: &Publisher, queue: &str, n: usize) {
 }
 
 fn config(queue: &str) -> ConsumerConfig {
-    ConsumerConfig::new(format!("bench-{queue}"), queue).with_queue_type(QueueType::Classic)
+    ConsumerConfig::builder(format!("bench-{queue}"), queue)
+        .with_queue_type(QueueType::Classic)
+        .build()
+        .expect("a valid bench configuration")
 }
 
 async fn declare(connection: &lapin::Connection, queue: &str) -> Topology {
     let topology = Topology::for_consumer(&config(queue));
     let channel = connection.create_channel().await.unwrap();
-    warren::declare(&channel, &topology).await.unwrap();
+    warren::broker::declare(&channel, &topology).await.unwrap();
     topology
 }
 
@@ -161,7 +165,7 @@ async fn main() {
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let amqp = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
-    let connection = Arc::new(warren::connect(&amqp, "bench").await.unwrap());
+    let connection = Arc::new(warren::broker::connect(&amqp, "bench").await.unwrap());
     let publisher = Publisher::new(Arc::clone(&connection));
     let run = tag();
     println!("{n} messages per run, one broker, this machine");
@@ -170,7 +174,7 @@ async fn main() {
     let t = declare(&connection, &q).await;
     fill(&publisher, &q, n).await;
     let bare_time = bare(&connection, &q, n).await;
-    warren::delete(&connection, &t).await.unwrap();
+    warren::broker::delete(&connection, &t).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let sqlite = SqliteStore::connect(&format!(
@@ -195,7 +199,7 @@ async fn main() {
         n,
     )
     .await;
-    warren::delete(&connection, &t).await.unwrap();
+    warren::broker::delete(&connection, &t).await.unwrap();
 
     let schema = format!("bench_{run}");
     let admin = sqlx::PgPool::connect(&pg_url).await.unwrap();
@@ -226,7 +230,7 @@ async fn main() {
         n,
     )
     .await;
-    warren::delete(&connection, &t).await.unwrap();
+    warren::broker::delete(&connection, &t).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&admin)
         .await

@@ -20,7 +20,7 @@ impl<S: OutboxStore> Consumer<S> {
     /// the consumer's, since both talk to the same broker.
     ///
     /// The relay is supervised: if it ends while the consumer runs (a panic, an
-    /// error), [`Health::relay`](crate::Health) turns false (so `/readyz` goes
+    /// error), [`Health::relay`](crate::telemetry::Health) turns false (so `/readyz` goes
     /// red), `outbox_relay_up` drops to 0, and it is restarted with capped
     /// backoff, each restart counted in `outbox_relay_restarts_total`. The
     /// consumer never keeps consuming with no relay in silence.

@@ -180,7 +180,7 @@ pub async fn connect_with_tls(
         // expects encryption; connecting in the clear would hide that mistake.
         return Err(BrokerError::Tls(TlsError::Config(format!(
             "TLS options are set but {} is not an amqps:// URL",
-            crate::redact_url(plain)
+            crate::database_url::redact_url(plain)
         ))));
     }
     // Read at every connect, so a renewed certificate is used on reconnect.
@@ -203,14 +203,14 @@ pub async fn connect_with_tls(
                     tracing::error!(error = %tls_error, "TLS failed");
                     return Err(BrokerError::Tls(tls_error));
                 }
-                tracing::warn!(url = %crate::redact_url(u), error = %e, "broker unreachable");
+                tracing::warn!(url = %crate::database_url::redact_url(u), error = %e, "broker unreachable");
                 last = Some(BrokerError::Amqp(e));
             }
             Err(_) => {
-                tracing::warn!(url = %crate::redact_url(u), "broker did not answer within {CONNECT_TIMEOUT:?}");
+                tracing::warn!(url = %crate::database_url::redact_url(u), "broker did not answer within {CONNECT_TIMEOUT:?}");
                 last = Some(BrokerError::Unavailable(format!(
                     "{} did not complete the handshake within {CONNECT_TIMEOUT:?}",
-                    crate::redact_url(u)
+                    crate::database_url::redact_url(u)
                 )));
             }
         }
@@ -234,7 +234,7 @@ pub(crate) fn parse_urls(url: &str) -> Result<Vec<String>, BrokerError> {
     {
         return Err(BrokerError::Unavailable(format!(
             "{} is not a broker URL: use amqp://user:password@host:port/vhost",
-            crate::redact_url(bad)
+            crate::database_url::redact_url(bad)
         )));
     }
     Ok(urls)

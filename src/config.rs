@@ -21,177 +21,177 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// (retry or dead-letter queue unreachable), so that nothing spins hot.
 pub const DEFAULT_FAILURE_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Everything that defines one consumer. Build with [`ConsumerConfig::new`] and the
-/// `with_`/`bind` methods; [`validate`](Self::validate) runs at start.
+/// Everything that defines one consumer, checked: build it with
+/// [`ConsumerConfig::builder`], whose [`build`](ConsumerConfigBuilder::build) says
+/// which setting is wrong and why.
+///
+/// ```
+/// use warren::{ConsumerConfig, RetryPolicy};
+///
+/// let config = ConsumerConfig::builder("billing", "billing.invoice-paid")
+///     .bind("billing.events", ["billing.invoice-paid.*"])
+///     .with_prefetch(64)
+///     .with_concurrency(16)
+///     .with_retry(RetryPolicy::default().with_max_attempts(4))
+///     .build()?;
+/// assert_eq!(config.prefetch(), 64);
+///
+/// let wrong = ConsumerConfig::builder("billing", "billing.invoice-paid")
+///     .with_prefetch(4)
+///     .with_concurrency(8)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(wrong.field(), "concurrency");
+/// # Ok::<(), warren::ConfigError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
     /// The consumer's name: its deduplication boundary in the inbox. Two consumers
     /// with different names each apply a message once.
-    pub name: String,
+    pub(crate) name: String,
     /// The queue consumed from.
-    pub queue: String,
+    pub(crate) queue: String,
     /// The topic exchange the queue is bound to, if any.
-    pub exchange: Option<String>,
+    pub(crate) exchange: Option<String>,
     /// Binding keys from the exchange to the queue.
-    pub binding_keys: Vec<String>,
+    pub(crate) binding_keys: Vec<String>,
     /// Exchanges the handlers publish to through the outbox, declared at start.
-    pub outgoing: Vec<String>,
+    pub(crate) outgoing: Vec<String>,
     /// Stand-in queues for downstream consumers, declared at start.
-    pub stand_ins: Vec<BindingSpec>,
+    pub(crate) stand_ins: Vec<BindingSpec>,
     /// Queue type of the main and dead-letter queues.
-    pub queue_type: QueueType,
+    pub(crate) queue_type: QueueType,
     /// Broker prefetch (unacknowledged deliveries in flight to this consumer).
-    pub prefetch: u16,
+    pub(crate) prefetch: u16,
     /// Messages processed at once.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// Largest accepted body, in bytes.
-    pub max_body_bytes: usize,
+    pub(crate) max_body_bytes: usize,
     /// How long in-flight messages may take to finish after shutdown is requested.
-    pub shutdown_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
     /// Delay tiers, attempt limit and poison limit.
-    pub retry: RetryPolicy,
+    pub(crate) retry: RetryPolicy,
     /// Wait before a delivery is returned when its outcome could not be recorded.
-    pub failure_backoff: Duration,
+    pub(crate) failure_backoff: Duration,
     /// How often queue depth and consumer counts are read for the metrics.
-    pub queue_metrics_interval: Duration,
+    pub(crate) queue_metrics_interval: Duration,
     /// The broker's `consumer_timeout` (RabbitMQ's default is 30 minutes): a
     /// delivery unacked for that long makes the broker close the channel.
-    pub consumer_timeout: Duration,
+    pub(crate) consumer_timeout: Duration,
     /// Share of `consumer_timeout` after which a still-running handler is logged
     /// as a warning (default 0.5).
-    pub timeout_warning_share: f64,
+    pub(crate) timeout_warning_share: f64,
     /// How `amqps://` connections verify the broker and authenticate (a private
     /// CA, a client certificate). Ignored by `amqp://` URLs, unless set: then the
     /// connect fails rather than run unencrypted.
-    pub tls: TlsOptions,
+    pub(crate) tls: TlsOptions,
+}
+
+/// Builds a [`ConsumerConfig`]; [`build`](Self::build) checks every setting.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ConsumerConfigBuilder {
+    config: ConsumerConfig,
 }
 
 impl ConsumerConfig {
     /// A consumer named `name` on `queue`, with the defaults: quorum queues,
     /// prefetch 32, concurrency 8, 1 MiB bodies, 30 s shutdown deadline.
-    pub fn new(name: impl Into<String>, queue: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            queue: queue.into(),
-            exchange: None,
-            binding_keys: Vec::new(),
-            outgoing: Vec::new(),
-            stand_ins: Vec::new(),
-            queue_type: QueueType::default(),
-            prefetch: DEFAULT_PREFETCH,
-            concurrency: DEFAULT_CONCURRENCY,
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
-            retry: RetryPolicy::default(),
-            failure_backoff: DEFAULT_FAILURE_BACKOFF,
-            queue_metrics_interval: Duration::from_secs(15),
-            consumer_timeout: Duration::from_secs(30 * 60),
-            timeout_warning_share: 0.5,
-            tls: TlsOptions::default(),
+    pub fn builder(name: impl Into<String>, queue: impl Into<String>) -> ConsumerConfigBuilder {
+        ConsumerConfigBuilder {
+            config: Self {
+                name: name.into(),
+                queue: queue.into(),
+                exchange: None,
+                binding_keys: Vec::new(),
+                outgoing: Vec::new(),
+                stand_ins: Vec::new(),
+                queue_type: QueueType::default(),
+                prefetch: DEFAULT_PREFETCH,
+                concurrency: DEFAULT_CONCURRENCY,
+                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+                retry: RetryPolicy::default(),
+                failure_backoff: DEFAULT_FAILURE_BACKOFF,
+                queue_metrics_interval: Duration::from_secs(15),
+                consumer_timeout: Duration::from_secs(30 * 60),
+                timeout_warning_share: 0.5,
+                tls: TlsOptions::default(),
+            },
         }
     }
 
-    /// Binds the queue to the topic exchange `exchange` with each of `keys`.
-    pub fn bind<I, K>(mut self, exchange: impl Into<String>, keys: I) -> Self
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
-        self.exchange = Some(exchange.into());
-        self.binding_keys = keys.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// Declares the topic exchange `exchange` at start, for the events the
-    /// handlers publish there through the outbox. The relay publishes with
-    /// `mandatory`: an event no queue is bound for becomes a failed outbox row,
-    /// so the exchange, and a consumer's queue bound to it, must exist.
-    pub fn publishes_to(mut self, exchange: impl Into<String>) -> Self {
-        let exchange = exchange.into();
-        if !self.outgoing.contains(&exchange) {
-            self.outgoing.push(exchange);
+    /// A builder that starts from this configuration, to derive a variant.
+    pub fn to_builder(&self) -> ConsumerConfigBuilder {
+        ConsumerConfigBuilder {
+            config: self.clone(),
         }
-        self
     }
 
-    /// Also declares `queue`, bound to `exchange` with `binding_key`, standing in
-    /// for the downstream consumer of those events on a local or test run: the
-    /// events then have a route and can be counted there. In production, the
-    /// downstream service declares its own queue; leave this out.
-    pub fn with_stand_in_queue(
-        self,
-        exchange: impl Into<String>,
-        queue: impl Into<String>,
-        binding_key: impl Into<String>,
-    ) -> Self {
-        let exchange = exchange.into();
-        let mut config = self.publishes_to(exchange.clone());
-        config.stand_ins.push(BindingSpec {
-            exchange,
-            queue: queue.into(),
-            routing_key: binding_key.into(),
-        });
-        config
+    /// The consumer's name: its deduplication boundary in the inbox. Two consumers
+    /// with different names each apply a message once.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    /// Sets the queue type.
-    pub fn with_queue_type(mut self, queue_type: QueueType) -> Self {
-        self.queue_type = queue_type;
-        self
+    /// The queue consumed from.
+    pub fn queue(&self) -> &str {
+        &self.queue
     }
 
-    /// Sets the prefetch.
-    pub fn with_prefetch(mut self, prefetch: u16) -> Self {
-        self.prefetch = prefetch;
-        self
+    /// The exchange the queue is bound to, if any.
+    pub fn exchange(&self) -> Option<&str> {
+        self.exchange.as_deref()
     }
 
-    /// Sets the concurrency.
-    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency;
-        self
+    /// The binding keys from the exchange to the queue.
+    pub fn binding_keys(&self) -> &[String] {
+        &self.binding_keys
     }
 
-    /// Sets the body size limit.
-    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
-        self.max_body_bytes = bytes;
-        self
+    /// The exchanges the handlers publish to through the outbox.
+    pub fn outgoing(&self) -> &[String] {
+        &self.outgoing
     }
 
-    /// Sets the shutdown deadline.
-    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.shutdown_timeout = timeout;
-        self
+    /// The queue type of the main and dead-letter queues.
+    pub fn queue_type(&self) -> QueueType {
+        self.queue_type
     }
 
-    /// Sets the retry policy.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
+    /// The broker prefetch.
+    pub fn prefetch(&self) -> u16 {
+        self.prefetch
     }
 
-    /// Sets the backoff used when an outcome cannot be recorded.
-    pub fn with_failure_backoff(mut self, delay: Duration) -> Self {
-        self.failure_backoff = delay;
-        self
+    /// How many messages are processed at once.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
     }
 
-    /// Sets the broker's consumer timeout, for the long-handler warning.
-    pub fn with_consumer_timeout(mut self, timeout: Duration) -> Self {
-        self.consumer_timeout = timeout;
-        self
+    /// The largest accepted body, in bytes.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
     }
 
-    /// Sets how often queue metrics are read.
-    pub fn with_queue_metrics_interval(mut self, interval: Duration) -> Self {
-        self.queue_metrics_interval = interval;
-        self
+    /// How long in-flight messages may take to finish after shutdown is requested.
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
     }
 
-    /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
-    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
-        self.tls = tls;
-        self
+    /// Delay tiers, attempt limit and poison limit.
+    pub fn retry(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// The TLS options for `amqps://`.
+    pub fn tls(&self) -> &TlsOptions {
+        &self.tls
+    }
+
+    /// The broker's `consumer_timeout` this consumer assumes.
+    pub fn consumer_timeout(&self) -> Duration {
+        self.consumer_timeout
     }
 
     /// The dead-letter queue's name.
@@ -205,7 +205,7 @@ impl ConsumerConfig {
     }
 
     /// Checks every setting; the error names the setting and what is allowed.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let fail = |field: &str, reason: String| Err(ConfigError::new(field, reason));
         if self.name.trim().is_empty() || self.name.len() > 200 {
             return fail(
@@ -266,6 +266,125 @@ impl ConsumerConfig {
     }
 }
 
+impl ConsumerConfigBuilder {
+    /// Binds the queue to the topic exchange `exchange` with each of `keys`.
+    pub fn bind<I, K>(mut self, exchange: impl Into<String>, keys: I) -> Self
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        self.config.exchange = Some(exchange.into());
+        self.config.binding_keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Declares the topic exchange `exchange` at start, for the events the
+    /// handlers publish there through the outbox. The relay publishes with
+    /// `mandatory`: an event no queue is bound for becomes a failed outbox row,
+    /// so the exchange, and a consumer's queue bound to it, must exist.
+    pub fn publishes_to(mut self, exchange: impl Into<String>) -> Self {
+        let exchange = exchange.into();
+        if !self.config.outgoing.contains(&exchange) {
+            self.config.outgoing.push(exchange);
+        }
+        self
+    }
+
+    /// Also declares `queue`, bound to `exchange` with `binding_key`, standing in
+    /// for the downstream consumer of those events on a local or test run: the
+    /// events then have a route and can be counted there. In production, the
+    /// downstream service declares its own queue; leave this out.
+    pub fn with_stand_in_queue(
+        self,
+        exchange: impl Into<String>,
+        queue: impl Into<String>,
+        binding_key: impl Into<String>,
+    ) -> Self {
+        let exchange = exchange.into();
+        let mut config = self.publishes_to(exchange.clone());
+        config.config.stand_ins.push(BindingSpec {
+            exchange,
+            queue: queue.into(),
+            routing_key: binding_key.into(),
+        });
+        config
+    }
+
+    /// Sets the queue type.
+    pub fn with_queue_type(mut self, queue_type: QueueType) -> Self {
+        self.config.queue_type = queue_type;
+        self
+    }
+
+    /// Sets the prefetch.
+    pub fn with_prefetch(mut self, prefetch: u16) -> Self {
+        self.config.prefetch = prefetch;
+        self
+    }
+
+    /// Sets the concurrency.
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.config.concurrency = concurrency;
+        self
+    }
+
+    /// Sets the body size limit.
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_body_bytes = bytes;
+        self
+    }
+
+    /// Sets the shutdown deadline.
+    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.config.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.config.retry = retry;
+        self
+    }
+
+    /// Sets the backoff used when an outcome cannot be recorded.
+    pub fn with_failure_backoff(mut self, delay: Duration) -> Self {
+        self.config.failure_backoff = delay;
+        self
+    }
+
+    /// Sets the broker's consumer timeout, for the long-handler warning.
+    pub fn with_consumer_timeout(mut self, timeout: Duration) -> Self {
+        self.config.consumer_timeout = timeout;
+        self
+    }
+
+    /// Sets how often queue metrics are read.
+    pub fn with_queue_metrics_interval(mut self, interval: Duration) -> Self {
+        self.config.queue_metrics_interval = interval;
+        self
+    }
+
+    /// Sets the share of the consumer timeout after which a still-running handler
+    /// is logged as a warning (above 0, at most 1; default 0.5).
+    pub fn with_timeout_warning_share(mut self, share: f64) -> Self {
+        self.config.timeout_warning_share = share;
+        self
+    }
+
+    /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.config.tls = tls;
+        self
+    }
+
+    /// Checks every setting and returns the configuration; the error names the
+    /// setting and what is allowed.
+    pub fn build(self) -> Result<ConsumerConfig, ConfigError> {
+        self.config.validate()?;
+        Ok(self.config)
+    }
+}
+
 impl ConsumerConfig {
     /// The queue-level facts the topology is derived from.
     pub fn layout(&self) -> QueueLayout {
@@ -305,8 +424,10 @@ mod tests {
 
     #[test]
     fn consumer_topology_has_exchange_queue_binding_tiers_and_dead_letter_queue() {
-        let config = ConsumerConfig::new("billing", "p.invoice-paid")
-            .bind("p.events", ["billing.invoice-paid.*"]);
+        let config = ConsumerConfig::builder("billing", "p.invoice-paid")
+            .bind("p.events", ["billing.invoice-paid.*"])
+            .build()
+            .unwrap();
         let t = Topology::for_consumer(&config);
         assert_eq!(t.exchanges.len(), 1);
         assert_eq!(t.exchanges[0].name, "p.events");
@@ -355,10 +476,12 @@ mod tests {
 
     #[test]
     fn outgoing_exchanges_and_stand_in_queues_are_declared_with_the_consumer() {
-        let config = ConsumerConfig::new("billing", "p.invoice-paid")
+        let config = ConsumerConfig::builder("billing", "p.invoice-paid")
             .bind("p.events", ["billing.invoice-paid.*"])
             .publishes_to("p.audit")
-            .with_stand_in_queue("p.events", "p.recorded", "billing.recorded.*");
+            .with_stand_in_queue("p.events", "p.recorded", "billing.recorded.*")
+            .build()
+            .unwrap();
         let t = Topology::for_consumer(&config);
         let exchanges: Vec<_> = t.exchanges.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(exchanges, ["p.events", "p.audit"], "each declared once");
@@ -372,7 +495,10 @@ mod tests {
 
     #[test]
     fn classic_queues_have_no_quorum_only_arguments() {
-        let config = ConsumerConfig::new("c", "q").with_queue_type(QueueType::Classic);
+        let config = ConsumerConfig::builder("c", "q")
+            .with_queue_type(QueueType::Classic)
+            .build()
+            .unwrap();
         let t = Topology::for_consumer(&config);
         for q in &t.queues {
             assert_eq!(arg(q, "x-queue-type"), s("classic"));

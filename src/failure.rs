@@ -118,7 +118,7 @@ impl std::error::Error for HandlerError {
 /// A database error inside a handler is transient: a lost connection, a deadlock or
 /// a serialization failure all clear up on retry, and a bug that does not will use
 /// up its attempts and land in the dead-letter queue. The exception is the
-/// database refusing the data itself ([`crate::is_permanent_data_error`]): the
+/// database refusing the data itself ([`crate::store::is_permanent_data_error`]): the
 /// consumer finds that error in the chain and dead-letters the message at once.
 /// Return [`HandlerError::permanent`] yourself where you know better.
 impl From<sqlx::Error> for HandlerError {

@@ -11,43 +11,35 @@
 //! deliver -> validate -> BEGIN; claim inbox (consumer, message_id); handler; COMMIT -> ack
 //! ```
 //!
-//! # Layout
+//! # Where things are
 //!
-//! - `envelope`: parse and validate what arrives ([`Envelope`]).
-//! - `outgoing`: build what leaves, with its AMQP properties ([`Outgoing`]).
-//! - `handler`: the handler API: [`Message`], the [`Handler`] trait every `async fn` fits.
-//! - `registry`: the allowlist from `(event type, schema version)` to handler ([`Registry`]).
-//! - `failure`: the failure taxonomy: [`HandlerError`], [`DeadLetterReason`].
-//! - `retention`: how long the inbox must remember, and purging it ([`purge_inbox`]).
-//! - `retry`: delay tiers, attempt and poison limits as data ([`RetryPolicy`]).
-//! - `store`: the inbox and the handler's transaction ([`Store`], [`Tx`], [`PgStore`], [`SqliteStore`]).
-//! - `outbox`: outgoing messages written in the business transaction ([`outbox::enqueue`], [`Tx::publish`]).
-//! - `outbox_row`: the rows of `warren_outbox`, shared by the outbox, the store and the relay.
-//! - `relay`: publishes committed outbox rows with confirms ([`Relay`]).
-//! - `relay_config`: a relay's settings ([`RelayConfig`]).
-//! - `beside`: the relay run beside a consumer, supervised ([`Consumer::run_with_relay`]).
-//! - `config`: a consumer's settings, checked in one place ([`ConsumerConfig`]).
-//! - `config_error`: which setting is wrong and why ([`ConfigError`]).
-//! - `consumer`: reconnection, intake and the relay beside it ([`Consumer`]).
-//! - `session`: one connected period with the broker, its monitor, the drain.
-//! - `dispatcher`: which buffered deliveries run next; how far an ack may reach.
-//! - `pipeline`: **the rule**: validate, claim, handle, commit, then settle, per delivery.
-//! - `disposition`: what an outcome means (ack, retry, dead-letter, return): a pure decision.
-//! - `topology`: exchanges and queues as data ([`Topology`]).
-//! - `broker`: every AMQP call: connections, declaring, publishing with confirms
-//!   ([`Publisher`]), subscriptions, and the pipeline's port (with an in-memory double).
-//! - `amqp`: AMQP values: delivery mode, the short-string limit, header readers.
-//! - `tls`: `amqps://` with a private CA or a client certificate ([`TlsOptions`]).
-//! - `dead_letter`: the headers a dead-lettered copy carries ([`DeadLetterInfo`]).
-//! - `headers`: what a copy keeps and drops, warren's signed headers, frame-size bounds.
-//! - `dlq`: list, show, replay and purge a dead-letter queue ([`DeadLetterQueue`]).
-//! - `telemetry`: per-message logs, metrics and counters ([`ConsumerStats`]).
-//! - `database_url`: which database a URL names, passwords redacted ([`DatabaseUrl`]).
-//! - `printable`: message-derived text made safe for a terminal ([`printable`]).
-//! - `idempotency`: stable keys for external calls ([`idempotency_key`]).
-//! - `shutdown`: SIGTERM/SIGINT as a future ([`shutdown_signal`]).
-//! - `failpoint`: crash points for crash tests (feature `failpoints`).
+//! The crate root holds what a service needs to run a consumer: [`Consumer`],
+//! [`ConsumerConfig`], [`Registry`], handlers ([`Message`], [`State`], [`Tx`],
+//! [`HandlerError`]), the stores ([`PgStore`], [`SqliteStore`]), the outbox
+//! ([`Outgoing`], [`Relay`], [`RelayConfig`]), [`RetryPolicy`], [`Topology`],
+//! [`TlsOptions`] and [`Error`]. Everything else is in a public module:
+//!
+//! - [`config`]: defaults and the [`ConsumerConfigBuilder`](config::ConsumerConfigBuilder).
+//! - [`handler`]: the [`Handler`] trait every `async fn` fits, and its markers.
+//! - [`envelope`]: what arrives, validated ([`Envelope`], [`envelope::Metadata`]).
+//! - [`outbox`]: writing outgoing messages outside a handler, and the outbox rows.
+//! - [`relay`]: the relay's defaults and counters.
+//! - [`store`]: the [`Store`] and [`store::OutboxStore`] traits, dialects, database errors.
+//! - [`retry`]: delay tiers and the poison limit as data.
+//! - [`topology`]: exchanges, queues and bindings as data, and queue names.
+//! - [`broker`]: connecting, declaring, publishing with confirms ([`Publisher`]).
+//! - [`headers`]: the `x-warren-*` headers on the copies warren publishes.
+//! - [`amqp`]: AMQP values: the short-string limit, header readers.
+//! - [`telemetry`]: counters, health, and the log filter that keeps payloads out.
+//! - [`tls`]: `amqps://` with a private CA or a client certificate.
+//! - [`admin`]: operator tooling: dead-letter queues, inbox retention, URLs.
+//! - [`failpoint`]: crash points for crash tests (feature `failpoints`).
 //! - `testing`: a test kit that runs handlers without a broker (feature `testing`).
+//!
+//! Inside, the rule itself is `pipeline` (validate, claim, handle, commit, then
+//! settle, per delivery); `disposition` decides what an outcome means;
+//! `dispatcher` decides which buffered deliveries run next; `session` is one
+//! connected period with the broker; `consumer` reconnects around it.
 //!
 //! The guide below is the README; its examples compile as doc-tests.
 #![doc = ""]
@@ -60,10 +52,10 @@
     allow(dead_code, unused)
 )]
 
-mod amqp;
+pub mod amqp;
 mod beside;
-mod broker;
-mod config;
+pub mod broker;
+pub mod config;
 mod config_error;
 mod consumer;
 mod database_url;
@@ -71,12 +63,12 @@ mod dead_letter;
 mod dispatcher;
 mod disposition;
 mod dlq;
-mod envelope;
+pub mod envelope;
 mod error;
 pub mod failpoint;
 mod failure;
-mod handler;
-mod headers;
+pub mod handler;
+pub mod headers;
 mod idempotency;
 pub mod outbox;
 mod outbox_row;
@@ -84,74 +76,57 @@ mod outgoing;
 mod pipeline;
 mod printable;
 mod registry;
-mod relay;
+pub mod relay;
 mod relay_config;
 mod retention;
-mod retry;
+pub mod retry;
 mod session;
 mod shutdown;
-mod store;
-mod telemetry;
+pub mod store;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod tls;
-mod topology;
+pub mod tls;
+pub mod topology;
 
-pub use amqp::{MAX_SHORT_STRING_LEN, header_int, header_str};
-pub use broker::{
-    BatchItem, BrokerError, CALL_TIMEOUT, CONFIRM_TIMEOUT, CONNECT_TIMEOUT, Publisher, QueueInfo,
-    connect, connect_with_tls, declare, delete, inspect_queue,
-};
-pub use config::{
-    ConsumerConfig, DEFAULT_CONCURRENCY, DEFAULT_FAILURE_BACKOFF, DEFAULT_PREFETCH,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-};
+/// Operator tooling: dead-letter queues (list, show, replay, purge), inbox
+/// retention, database URLs, and making message-derived text safe to print.
+/// The `warren` binary is built from these.
+pub mod admin {
+    pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
+    pub use crate::dead_letter::DeadLetterInfo;
+    pub use crate::dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
+    pub use crate::printable::{printable, printable_bytes};
+    pub use crate::retention::{
+        DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox,
+    };
+}
+
+pub use broker::Publisher;
+pub use config::ConsumerConfig;
 pub use config_error::ConfigError;
 pub use consumer::Consumer;
-pub use database_url::{DatabaseUrl, redact_url, split_url_list};
 pub use dead_letter::DeadLetterInfo;
-pub use dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
-pub use envelope::{
-    CONTENT_TYPE_JSON, DEFAULT_MAX_BODY_BYTES, Envelope, Incoming, InvalidMessage,
-    MAX_MESSAGE_ID_LEN, Metadata,
-};
+pub use dlq::DeadLetterQueue;
+pub use envelope::Envelope;
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};
-pub use handler::{Handler, Message, State, Stateless, WithState};
-pub use headers::{
-    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_DROPPED, HEADER_ERROR,
-    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE,
-    HEADER_ORIGINAL_ROUTING_KEY, HEADER_ORIGINAL_USER_ID, HEADER_QUEUE, HEADER_REASON,
-    HEADER_REPLAYED_AT, HEADER_SIGNATURE, HEADER_UNVERIFIED,
-};
+pub use handler::{Handler, Message, State};
 pub use idempotency::idempotency_key;
-pub use outgoing::{InvalidOutgoing, Outgoing};
-pub use printable::{printable, printable_bytes};
+pub use outgoing::Outgoing;
 pub use registry::Registry;
-pub use relay::{Relay, RelayStats, RelayStatsHandle};
-pub use relay_config::{
-    DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,
-    DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, RelayConfig,
-};
-pub use retention::{DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox};
-pub use retry::{
-    DEFAULT_POISON_LIMIT, DEFAULT_TIERS, RetryDecision, RetryPolicy, format_delay, parse_delay,
-};
+pub use relay::Relay;
+pub use relay_config::RelayConfig;
+pub use retry::RetryPolicy;
 pub use shutdown::shutdown_signal;
 #[cfg(feature = "postgres")]
 pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
-pub use store::{
-    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, SqlStore, Store, StoreError,
-    Tx, Wakeups, is_connection_error, is_permanent_data_error,
-};
-pub use telemetry::{ConsumerStats, Health, Outcome, PAYLOAD_SAFE_LOG_DIRECTIVES, StatsHandle};
-pub use tls::{ENV_CA_FILE, ENV_CLIENT_CERT, ENV_CLIENT_KEY, TlsError, TlsOptions};
-pub use topology::{
-    ArgValue, BindingSpec, ExchangeKind, ExchangeSpec, QueueLayout, QueueSpec, QueueType, Topology,
-    UNBOUNDED_DELIVERY_LIMIT, dead_letter_queue_name, retry_queue_name,
-};
+pub use store::{Store, StoreError, Tx};
+pub use telemetry::StatsHandle;
+pub use tls::TlsOptions;
+pub use topology::{QueueType, Topology};
 
 /// The AMQP client warren is built on, re-exported so that applications use the
 /// same version.

@@ -5,7 +5,7 @@
 //! request's own transaction, say), call [`enqueue`] on the connection of your
 //! open transaction; the row commits or rolls back with it.
 
-use crate::outgoing::Outgoing;
+pub use crate::outgoing::{InvalidOutgoing, Outgoing};
 use crate::store::{Dialect, StoreError};
 
 pub use crate::outbox_row::{

@@ -17,7 +17,10 @@ use crate::Error;
 use crate::broker::{self, Backoff, BatchItem, Publisher};
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
-use crate::relay_config::RelayConfig;
+pub use crate::relay_config::{
+    DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,
+    DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, RelayConfig,
+};
 use crate::store::{OutboxStore, StoreError};
 
 /// Upper bound of the reconnect backoff.

@@ -43,7 +43,8 @@ pub enum RetryDecision {
 ///
 /// ```
 /// use std::time::Duration;
-/// use warren::{RetryDecision, RetryPolicy};
+/// use warren::RetryPolicy;
+/// use warren::retry::RetryDecision;
 ///
 /// let policy = RetryPolicy::new([Duration::from_secs(5), Duration::from_secs(30)]).with_max_attempts(3);
 /// // The first failure waits in the first tier...
@@ -329,7 +330,7 @@ mod tests {
         let huge = parse_delay("9223372036854775807ms").unwrap();
         let p = RetryPolicy::new([huge]).with_max_attempts(u32::MAX);
         assert_eq!(p.horizon(), Duration::MAX);
-        assert!(crate::check_window(Duration::MAX, &p, Duration::MAX).is_ok());
+        assert!(crate::retention::check_window(Duration::MAX, &p, Duration::MAX).is_ok());
         assert!(
             parse_delay("99999999999999999999999d")
                 .unwrap_err()

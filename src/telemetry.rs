@@ -108,7 +108,7 @@ impl Default for Counters {
 ///
 /// ```
 /// let mut filter = tracing_subscriber::EnvFilter::new("info");
-/// for directive in warren::PAYLOAD_SAFE_LOG_DIRECTIVES {
+/// for directive in warren::telemetry::PAYLOAD_SAFE_LOG_DIRECTIVES {
 ///     filter = filter.add_directive(directive.parse().expect("a valid directive"));
 /// }
 /// ```

@@ -65,7 +65,7 @@
 //!     .execute(store.pool())
 //!     .await?;
 //! let kit = TestConsumer::new(
-//!     ConsumerConfig::new("shop", "shop.invoice-paid"),
+//!     ConsumerConfig::builder("shop", "shop.invoice-paid").build()?,
 //!     store,
 //!     Registry::new().route("shop.invoice-paid.v1", 1, paid),
 //! )
@@ -197,7 +197,7 @@ struct Seen {
 
 impl<S: OutboxStore> TestConsumer<S> {
     /// A test consumer applying messages through `registry` in transactions of
-    /// `store`. Checks `config`, migrates warren's tables and loads the signing
+    /// `store`. Migrates warren's tables and loads the signing
     /// key, as [`Consumer::run`](crate::Consumer::run) does at start.
     ///
     /// The configuration's failure backoff (the wait before a message is
@@ -210,8 +210,8 @@ impl<S: OutboxStore> TestConsumer<S> {
     where
         St: Clone + Send + Sync + 'static,
     {
-        config.validate()?;
-        let config = config.with_failure_backoff(Duration::ZERO);
+        let mut config = config;
+        config.failure_backoff = Duration::ZERO;
         store.migrate().await?;
         let key = store.signing_key().await?;
         Ok(Self {
@@ -229,7 +229,7 @@ impl<S: OutboxStore> TestConsumer<S> {
     }
 
     /// The store, for the handler's own tables: `kit.store().pool()` on a
-    /// [`SqlStore`](crate::SqlStore).
+    /// [`SqlStore`](crate::store::SqlStore).
     pub fn store(&self) -> &S {
         &self.pipeline.store
     }

@@ -214,7 +214,7 @@ impl TlsError {
 pub(crate) fn host_of(url: &str) -> String {
     match url.parse::<lapin::uri::AMQPUri>() {
         Ok(u) => format!("{}:{}", u.authority.host, u.authority.port),
-        Err(_) => crate::redact_url(url),
+        Err(_) => crate::database_url::redact_url(url),
     }
 }
 

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use warren::{Consumer, OutboxStore, QueueType, Relay, RelayConfig};
+use warren::store::OutboxStore;
+use warren::{Consumer, QueueType, Relay, RelayConfig};
 
 use crate::util::{
     Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, routes, test_config,
@@ -73,7 +74,9 @@ async fn run_child<B: Backend>(spec: ChildSpec) {
         return;
     }
     let config = test_config(&spec.name, &spec.queue, &spec.exchange)
-        .with_queue_type(spec.queue_type.parse().unwrap());
+        .with_queue_type(spec.queue_type.parse().unwrap())
+        .build()
+        .unwrap();
     let consumer = Consumer::new(config, store, routes::<B>());
     let stats = consumer.stats();
     consumer
@@ -316,7 +319,13 @@ async fn crash_loop_ends_as_poison<B: Backend>(queue_type: QueueType) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     broker
-        .declare_config(&broker.config().with_queue_type(queue_type))
+        .declare_config(
+            &broker
+                .builder()
+                .with_queue_type(queue_type)
+                .build()
+                .unwrap(),
+        )
         .await;
     let killer = TestBroker::message(&Job::with(Mode::Abort));
     broker.publish(&killer).await;

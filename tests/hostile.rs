@@ -5,12 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use warren::headers::{HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_UNVERIFIED};
 use warren::lapin::BasicProperties;
 use warren::lapin::types::{AMQPValue, FieldTable};
-use warren::{
-    Consumer, DeadLetterInfo, HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_UNVERIFIED,
-    OutboxStore, Outgoing, Relay, RelayConfig,
-};
+use warren::store::OutboxStore;
+use warren::{Consumer, DeadLetterInfo, Outgoing, Relay, RelayConfig};
 
 use crate::util::{
     Backend, EVENT, Job, Mode, OUT_EVENT, Running, TestBroker, amqp_url, reported_attempts, routes,
@@ -291,15 +290,18 @@ async fn each_hostile_input_ends_where_the_readme_says<B: Backend>() {
         panic!("forged headers are kept apart: {headers:?}");
     };
     assert_eq!(
-        warren::header_str(set_apart, "x-warren-original-exchange").unwrap(),
+        warren::amqp::header_str(set_apart, "x-warren-original-exchange").unwrap(),
         "forged.exchange"
     );
 
     let (huge, huge_props) = &dead[&id("huge-header")];
     assert_eq!(huge.reason, "permanent-failure");
     let headers = huge_props.headers().as_ref().unwrap();
-    assert_eq!(warren::header_str(headers, HEADER_DROPPED).unwrap(), "big");
-    assert_eq!(warren::header_str(headers, "small").unwrap(), "kept");
+    assert_eq!(
+        warren::amqp::header_str(headers, HEADER_DROPPED).unwrap(),
+        "big"
+    );
+    assert_eq!(warren::amqp::header_str(headers, "small").unwrap(), "kept");
 
     assert_eq!(dead.len(), dead_expected, "{:?}", dead.keys());
     running.stop().await.unwrap();
@@ -603,7 +605,11 @@ async fn a_message_published_with_another_users_id_is_retried_and_dead_lettered<
     let broker = TestBroker::new().await;
     broker.declare().await;
     let producer_url = other_user().await;
-    let producer = std::sync::Arc::new(warren::connect(&producer_url, "other user").await.unwrap());
+    let producer = std::sync::Arc::new(
+        warren::broker::connect(&producer_url, "other user")
+            .await
+            .unwrap(),
+    );
     let publisher = warren::Publisher::new(producer.clone());
     let running = Running::start(Consumer::new(
         broker.config(),
@@ -632,7 +638,7 @@ async fn a_message_published_with_another_users_id_is_retried_and_dead_lettered<
     assert_eq!(info.reason, "permanent-failure");
     assert_eq!(*p.user_id(), None, "the copy has no user id");
     assert_eq!(
-        warren::header_str(p.headers().as_ref().unwrap(), HEADER_ORIGINAL_USER_ID).unwrap(),
+        warren::amqp::header_str(p.headers().as_ref().unwrap(), HEADER_ORIGINAL_USER_ID).unwrap(),
         "warren_test_producer"
     );
     running.stop().await.unwrap();

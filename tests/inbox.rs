@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use warren::Consumer;
 
-use crate::util::{Backend, Job, Running, TestBroker, routes, unique};
+use crate::util::{Backend, Job, Running, TestBroker, routes, test_config, unique};
 
 on_both_backends!(
     duplicates_are_applied_once,
@@ -65,7 +65,12 @@ async fn duplicates_are_applied_once<B: Backend>() {
 async fn concurrent_copies_on_two_instances_apply_once<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let config = broker.config().with_prefetch(1).with_concurrency(1);
+    let config = broker
+        .builder()
+        .with_prefetch(1)
+        .with_concurrency(1)
+        .build()
+        .unwrap();
     broker.declare_config(&config).await;
 
     // Both instances subscribed before anything is published, so the broker
@@ -125,13 +130,20 @@ async fn concurrent_copies_on_two_instances_apply_once<B: Backend>() {
 async fn two_consumer_names_each_apply_once<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let first = broker.config().with_queue_type(warren::QueueType::Classic);
+    let first = broker
+        .builder()
+        .with_queue_type(warren::QueueType::Classic)
+        .build()
+        .unwrap();
     let other_queue = unique("wt_other");
-    let second = warren::ConsumerConfig {
-        name: format!("{}-other", broker.name),
-        queue: other_queue,
-        ..first.clone()
-    };
+    let second = test_config(
+        &format!("{}-other", broker.name),
+        &other_queue,
+        &broker.exchange,
+    )
+    .with_queue_type(warren::QueueType::Classic)
+    .build()
+    .unwrap();
     for q in warren::Topology::for_consumer(&second).queue_names() {
         broker.track_queue(q);
     }
@@ -162,8 +174,8 @@ async fn two_consumer_names_each_apply_once<B: Backend>() {
     for m in &messages {
         assert_eq!(db.effects_for(&m.meta().message_id).await, 2);
     }
-    assert_eq!(db.inbox(&first.name).await, 5);
-    assert_eq!(db.inbox(&second.name).await, 5);
+    assert_eq!(db.inbox(first.name()).await, 5);
+    assert_eq!(db.inbox(second.name()).await, 5);
 
     broker.cleanup().await;
     db.drop_db().await;

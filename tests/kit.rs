@@ -12,7 +12,9 @@ async fn the_kit_settles_every_way_on_a_real_database<B: Backend>() {
     let db = B::create().await;
     let queue = unique("kit");
     let kit = TestConsumer::new(
-        test_config(&unique("kit"), &queue, "kit.events"),
+        test_config(&unique("kit"), &queue, "kit.events")
+            .build()
+            .unwrap(),
         db.store.clone(),
         routes::<B>(),
     )

@@ -27,8 +27,10 @@ fn run(program: &str, args: &[&str]) {
 /// Ready messages in `queue`, on a connection of its own (the fault closes the
 /// test's other connections too).
 async fn ready(queue: &str) -> Option<u32> {
-    let connection = warren::connect(&amqp_url(), "outage check").await.ok()?;
-    let info = warren::inspect_queue(&connection, queue).await.ok();
+    let connection = warren::broker::connect(&amqp_url(), "outage check")
+        .await
+        .ok()?;
+    let info = warren::broker::inspect_queue(&connection, queue).await.ok();
     let _ = connection.close(200, "checked".into()).await;
     info.map(|i| i.ready)
 }
@@ -40,7 +42,7 @@ async fn publish_batch(broker: &TestBroker) {
         let batch: Vec<_> = items
             .iter()
             .zip(&bodies)
-            .map(|(m, body)| warren::BatchItem {
+            .map(|(m, body)| warren::broker::BatchItem {
                 exchange: &broker.exchange,
                 routing_key: "test.job",
                 body,
@@ -105,7 +107,11 @@ async fn survives<B: Backend>(fault: impl AsyncFnOnce()) {
 
     // The fault closed the test's own connection too.
     let broker = TestBroker {
-        connection: std::sync::Arc::new(warren::connect(&amqp_url(), "cleanup").await.unwrap()),
+        connection: std::sync::Arc::new(
+            warren::broker::connect(&amqp_url(), "cleanup")
+                .await
+                .unwrap(),
+        ),
         ..broker
     };
     broker.cleanup().await;

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use warren::{Consumer, OutboxStore, Outgoing, Publisher, Relay, RelayConfig};
+use warren::store::OutboxStore;
+use warren::{Consumer, Outgoing, Publisher, Relay, RelayConfig};
 
 use crate::util::{Backend, Job, Mode, OUT_EVENT, Proxy, TestBroker, amqp_url, routes, wait_for};
 
@@ -30,7 +31,11 @@ async fn a_frozen_broker_holds_a_batch_no_longer_than_its_deadline<B: Backend>()
     let broker = TestBroker::new().await;
     broker.declare().await;
     let proxy = Proxy::start().await;
-    let connection = Arc::new(warren::connect(&proxy.url(), "frozen").await.unwrap());
+    let connection = Arc::new(
+        warren::broker::connect(&proxy.url(), "frozen")
+            .await
+            .unwrap(),
+    );
     let publisher = Publisher::new(Arc::clone(&connection));
     let relay = Relay::new(
         db.store.clone(),
@@ -453,7 +458,11 @@ async fn two_relays_publish_each_row_once<B: Backend>() {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         stops.push(stop);
         tasks.push(tokio::spawn(async move {
-            let connection = Arc::new(warren::connect(&amqp_url(), "relay test").await.unwrap());
+            let connection = Arc::new(
+                warren::broker::connect(&amqp_url(), "relay test")
+                    .await
+                    .unwrap(),
+            );
             let publisher = Publisher::new(connection);
             let mut stopped = stopped;
             loop {

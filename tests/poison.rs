@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use warren::amqp::header_str;
 use warren::lapin::BasicProperties;
 use warren::lapin::types::{AMQPValue, FieldTable};
-use warren::{Consumer, DeadLetterInfo, DeadLetterReason, Outgoing, header_str};
+use warren::{Consumer, DeadLetterInfo, DeadLetterReason, Outgoing};
 
 use crate::util::{Backend, EVENT, Job, JobV2, Mode, Running, TestBroker, routes};
 
@@ -112,7 +113,7 @@ fn poison_cases() -> Vec<(&'static str, Vec<u8>, BasicProperties, DeadLetterReas
 async fn poison_is_dead_lettered_with_its_reason<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let config = broker.config().with_max_body_bytes(LIMIT);
+    let config = broker.builder().with_max_body_bytes(LIMIT).build().unwrap();
     broker.declare_config(&config).await;
 
     let cases = poison_cases();
@@ -157,8 +158,8 @@ async fn poison_is_dead_lettered_with_its_reason<B: Backend>() {
         let headers = d.properties.headers().as_ref().expect("headers");
         let case = header_str(headers, "test-case").expect("original headers are kept");
         let info = DeadLetterInfo::from_properties(&d.properties).expect("dead-letter record");
-        assert_eq!(info.consumer, config.name);
-        assert_eq!(info.queue, config.queue);
+        assert_eq!(info.consumer, config.name());
+        assert_eq!(info.queue, config.queue());
         assert_eq!(info.original_exchange, broker.exchange);
         assert_eq!(info.original_routing_key, "test.job");
         assert_eq!(info.attempts, 1);

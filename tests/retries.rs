@@ -51,7 +51,7 @@ async fn transient_below_the_limit_is_retried_through_the_tiers<B: Backend>() {
     assert_eq!((s.retried, s.applied, s.dead_lettered), (2, 1, 0), "{s:?}");
     assert_gaps_at_least(id, &TEST_TIERS[..2]);
     assert_eq!(db.effects_for(id).await, 1);
-    for q in broker.config().retry.tiers() {
+    for q in broker.config().retry().tiers() {
         assert_eq!(broker.ready(&broker.config().retry_queue(*q)).await, 0);
     }
 
@@ -69,7 +69,7 @@ async fn transient_above_the_limit_is_dead_lettered_with_its_history<B: Backend>
     let s = consume_until(&db, &broker, 1).await;
 
     let id = &doomed.meta().message_id;
-    let max = broker.config().retry.max_attempts();
+    let max = broker.config().retry().max_attempts();
     assert_eq!(max, 4);
     assert_eq!(
         attempt_times(id).len(),
@@ -202,17 +202,19 @@ async fn topology_drift_names_the_queue_and_argument<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     let other = broker
-        .config()
-        .with_retry(RetryPolicy::new([Duration::from_millis(100)]));
+        .builder()
+        .with_retry(RetryPolicy::new([Duration::from_millis(100)]))
+        .build()
+        .unwrap();
     // Same tier name (100ms) with a different TTL: declare it by hand.
     let mut drifted = warren::Topology::for_consumer(&other);
     drifted.queues.retain(|q| q.name.ends_with(".retry.100ms"));
     drifted.bindings.clear();
     drifted.queues[0]
         .arguments
-        .insert("x-message-ttl".into(), warren::ArgValue::Int(999));
+        .insert("x-message-ttl".into(), warren::topology::ArgValue::Int(999));
     let channel = broker.connection.create_channel().await.unwrap();
-    warren::declare(&channel, &drifted).await.unwrap();
+    warren::broker::declare(&channel, &drifted).await.unwrap();
 
     let err = Consumer::new(broker.config(), db.store.clone(), routes::<B>())
         .run(&crate::util::amqp_url(), std::future::pending())

@@ -16,7 +16,12 @@ async fn shutdown_under_load_loses_nothing<B: Backend>() {
     const N: u64 = 300;
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let config = broker.config().with_concurrency(4).with_prefetch(16);
+    let config = broker
+        .builder()
+        .with_concurrency(4)
+        .with_prefetch(16)
+        .build()
+        .unwrap();
     broker.declare_config(&config).await;
     for _ in 0..N {
         broker.publish(&TestBroker::message(&Job::slow(20))).await;
@@ -77,8 +82,10 @@ async fn shutdown_deadline_leaves_unfinished_work_to_redelivery<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     let config = broker
-        .config()
-        .with_shutdown_timeout(Duration::from_millis(300));
+        .builder()
+        .with_shutdown_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
     broker.declare_config(&config).await;
     let slow = TestBroker::message(&Job::with(Mode::SlowOnce { ms: 10_000 }));
     broker.publish(&slow).await;

@@ -26,8 +26,10 @@ async fn a_handler_nearing_the_consumer_timeout_is_reported<B: Backend>() {
     let broker = TestBroker::new().await;
     // Warn after half of 600 ms.
     let config = broker
-        .config()
-        .with_consumer_timeout(Duration::from_millis(600));
+        .builder()
+        .with_consumer_timeout(Duration::from_millis(600))
+        .build()
+        .unwrap();
     broker.declare_config(&config).await;
     broker.publish(&TestBroker::message(&Job::slow(500))).await;
     let running = Running::start(Consumer::new(
@@ -41,7 +43,7 @@ async fn a_handler_nearing_the_consumer_timeout_is_reported<B: Backend>() {
     broker.publish(&TestBroker::message(&Job::ok())).await;
     assert!(running.settled(2, Duration::from_secs(30)).await);
     running.stop().await.unwrap();
-    let c = format!("consumer=\"{}\"", config.name);
+    let c = format!("consumer=\"{}\"", config.name());
     assert_eq!(
         value(&handle.render(), "consumer_slow_handlers_total", &[&c]),
         Some(1.0),
@@ -76,8 +78,10 @@ async fn metrics_show_what_happened<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     let config = broker
-        .config()
-        .with_queue_metrics_interval(Duration::from_millis(200));
+        .builder()
+        .with_queue_metrics_interval(Duration::from_millis(200))
+        .build()
+        .unwrap();
     broker.declare_config(&config).await;
     broker.capture().await;
     let mut sent = 0;
@@ -99,7 +103,7 @@ async fn metrics_show_what_happened<B: Backend>() {
     let consumer = Consumer::new(config.clone(), db.store.clone(), routes::<B>());
     let stats = consumer.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = RelayConfig::new(&config.name).with_poll_interval(Duration::from_millis(100));
+    let relay = RelayConfig::new(config.name()).with_poll_interval(Duration::from_millis(100));
     let task = tokio::spawn(async move {
         consumer
             .run_with_relay(&amqp_url(), relay, async {
@@ -116,8 +120,8 @@ async fn metrics_show_what_happened<B: Backend>() {
         "{:?}",
         stats.snapshot()
     );
-    let c = format!("consumer=\"{}\"", config.name);
-    let q = format!("queue=\"{}\"", config.queue);
+    let c = format!("consumer=\"{}\"", config.name());
+    let q = format!("queue=\"{}\"", config.queue());
     // Queue depth and outbox gauges are refreshed on their own schedules.
     assert!(
         wait_for(Duration::from_secs(10), || async {
@@ -216,7 +220,7 @@ async fn deleted_queue_is_declared_again_and_consumption_resumes<B: Backend>() {
     // Back: declared again (with its binding) and subscribed.
     assert!(
         wait_for(Duration::from_secs(30), || async {
-            warren::inspect_queue(&broker.connection, &broker.queue)
+            warren::broker::inspect_queue(&broker.connection, &broker.queue)
                 .await
                 .is_ok_and(|i| i.consumers == 1)
         })
@@ -242,8 +246,8 @@ async fn connect_gives_up_on_a_broker_that_never_answers() {
     let proxy = crate::util::Proxy::start().await;
     proxy.freeze();
     let attempt = tokio::time::timeout(
-        warren::CONNECT_TIMEOUT + Duration::from_secs(20),
-        warren::connect(&proxy.url(), "frozen"),
+        warren::broker::CONNECT_TIMEOUT + Duration::from_secs(20),
+        warren::broker::connect(&proxy.url(), "frozen"),
     )
     .await
     .expect("connect returns instead of hanging");

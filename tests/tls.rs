@@ -71,7 +71,7 @@ async fn consumer_and_relay_over_amqps_on_postgres_verify_full() {
     let capture = broker.capture().await;
     broker.declare().await;
     let consumer = Consumer::new(
-        broker.config().with_tls(trusting(&dir)),
+        broker.builder().with_tls(trusting(&dir)).build().unwrap(),
         store.clone(),
         routes::<Postgres>(),
     );
@@ -156,7 +156,7 @@ async fn an_untrusted_broker_fails_at_once_naming_the_host() {
         TlsOptions::new().with_ca_file(dir.join("other-ca.pem")),
     ] {
         let started = Instant::now();
-        let err = warren::connect_with_tls(&amqps_url(), "warren tls test", &tls)
+        let err = warren::broker::connect_with_tls(&amqps_url(), "warren tls test", &tls)
             .await
             .unwrap_err();
         assert!(
@@ -182,7 +182,9 @@ async fn a_certificate_failure_stops_the_consumer_and_the_relay() {
     let name = unique("wtls");
     let bad = TlsOptions::new().with_ca_file(dir.join("other-ca.pem"));
     let config = test_config(&name, &format!("{name}.jobs"), &format!("{name}.events"))
-        .with_tls(bad.clone());
+        .with_tls(bad.clone())
+        .build()
+        .unwrap();
     let consumer = Consumer::new(config, db.store.clone(), routes::<Sqlite>());
     let ended = tokio::time::timeout(
         Duration::from_secs(15),
@@ -216,7 +218,7 @@ async fn client_certificates_are_presented_and_checked() {
     let name = unique("warren tls client");
     let tls = trusting(&dir).with_client_cert(dir.join("client.pem"), dir.join("client.key"));
     let connection = Arc::new(
-        warren::connect_with_tls(&amqps_url(), &name, &tls)
+        warren::broker::connect_with_tls(&amqps_url(), &name, &tls)
             .await
             .unwrap(),
     );
@@ -245,7 +247,7 @@ async fn client_certificates_are_presented_and_checked() {
     let untrusted =
         trusting(&dir).with_client_cert(dir.join("other-client.pem"), dir.join("other-client.key"));
     let started = Instant::now();
-    let err = warren::connect_with_tls(&amqps_url(), "warren tls test", &untrusted)
+    let err = warren::broker::connect_with_tls(&amqps_url(), "warren tls test", &untrusted)
         .await
         .unwrap_err();
     assert!(
@@ -267,7 +269,7 @@ async fn tls_mistakes_are_named() {
     let Some(dir) = tls_dir() else { return };
     let plain_port = amqps_url().replace(":5671", ":5672");
     let started = Instant::now();
-    let err = warren::connect_with_tls(&plain_port, "warren tls test", &trusting(&dir))
+    let err = warren::broker::connect_with_tls(&plain_port, "warren tls test", &trusting(&dir))
         .await
         .unwrap_err();
     assert!(
@@ -279,7 +281,7 @@ async fn tls_mistakes_are_named() {
     eprintln!("plain port: {err}");
     assert!(err.to_string().contains("TLS port"), "{err}");
 
-    let err = warren::connect_with_tls(&amqp_url(), "warren tls test", &trusting(&dir))
+    let err = warren::broker::connect_with_tls(&amqp_url(), "warren tls test", &trusting(&dir))
         .await
         .unwrap_err();
     assert!(
@@ -288,7 +290,7 @@ async fn tls_mistakes_are_named() {
     );
 
     let missing = TlsOptions::new().with_ca_file(dir.join("no-such-ca.pem"));
-    let err = warren::connect_with_tls(&amqps_url(), "warren tls test", &missing)
+    let err = warren::broker::connect_with_tls(&amqps_url(), "warren tls test", &missing)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("no-such-ca.pem"), "{err}");

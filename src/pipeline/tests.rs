@@ -76,13 +76,15 @@ async fn fixture() -> Fixture {
         .await
         .unwrap();
     let key = store.signing_key().await.unwrap();
-    let config = ConsumerConfig::new("c", "q")
+    let config = ConsumerConfig::builder("c", "q")
         .with_retry(
             RetryPolicy::new([100 * MS, 200 * MS])
                 .with_max_attempts(3)
                 .with_poison_limit(2),
         )
-        .with_failure_backoff(MS);
+        .with_failure_backoff(MS)
+        .build()
+        .unwrap();
     let pipeline = Pipeline {
         telemetry: Telemetry::new(&config.name, &config.queue),
         config,
@@ -140,7 +142,7 @@ impl Fixture {
             .unwrap()
     }
 
-    fn stats(&self) -> crate::ConsumerStats {
+    fn stats(&self) -> crate::telemetry::ConsumerStats {
         self.pipeline.telemetry.stats().snapshot()
     }
 

@@ -42,7 +42,7 @@ impl SqlStore<Sqlite> {
             SqliteConnectOptions::from_str(url).map_err(|e| {
                 StoreError::Config(format!(
                     "invalid SQLite URL {}: {e}",
-                    crate::redact_url(url)
+                    crate::database_url::redact_url(url)
                 ))
             })?
         } else {

@@ -43,11 +43,14 @@ async fn kit() -> TestConsumer<SqliteStore> {
         .execute(store.pool())
         .await
         .unwrap();
-    let config = ConsumerConfig::new("c", "q").with_retry(
-        RetryPolicy::new([100 * MS, 200 * MS])
-            .with_max_attempts(3)
-            .with_poison_limit(3),
-    );
+    let config = ConsumerConfig::builder("c", "q")
+        .with_retry(
+            RetryPolicy::new([100 * MS, 200 * MS])
+                .with_max_attempts(3)
+                .with_poison_limit(3),
+        )
+        .build()
+        .unwrap();
     TestConsumer::new(config, store, Registry::new().route(EVENT, 1, job))
         .await
         .unwrap()

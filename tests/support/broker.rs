@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use warren::config::ConsumerConfigBuilder;
 use warren::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -32,7 +33,11 @@ pub struct TestBroker {
 impl TestBroker {
     pub async fn new() -> Self {
         let base = unique("wt");
-        let connection = Arc::new(warren::connect(&amqp_url(), "warren tests").await.unwrap());
+        let connection = Arc::new(
+            warren::broker::connect(&amqp_url(), "warren tests")
+                .await
+                .unwrap(),
+        );
         TestBroker {
             exchange: format!("{base}.events"),
             queue: format!("{base}.jobs"),
@@ -45,6 +50,11 @@ impl TestBroker {
 
     /// The default test consumer configuration.
     pub fn config(&self) -> ConsumerConfig {
+        self.builder().build().unwrap()
+    }
+
+    /// The default test consumer configuration, to change before building.
+    pub fn builder(&self) -> ConsumerConfigBuilder {
         test_config(&self.name, &self.queue, &self.exchange)
     }
 
@@ -56,7 +66,7 @@ impl TestBroker {
             self.track_queue(q);
         }
         self.declare_config(&config).await;
-        config.queue
+        config.queue().to_owned()
     }
 
     /// The configuration of a downstream consumer of the capture queue.
@@ -67,6 +77,8 @@ impl TestBroker {
             &self.exchange,
         )
         .bind(&self.exchange, ["out.#"])
+        .build()
+        .unwrap()
     }
 
     /// Remembers another queue to delete at cleanup.
@@ -75,7 +87,7 @@ impl TestBroker {
     }
 
     pub fn dead_letter_queue(&self) -> String {
-        warren::dead_letter_queue_name(&self.queue)
+        warren::topology::dead_letter_queue_name(&self.queue)
     }
 
     /// Declares the default test consumer's topology, so publishes before the
@@ -86,7 +98,7 @@ impl TestBroker {
 
     pub async fn declare_config(&self, config: &ConsumerConfig) {
         let channel = self.connection.create_channel().await.unwrap();
-        warren::declare(&channel, &warren::Topology::for_consumer(config))
+        warren::broker::declare(&channel, &warren::Topology::for_consumer(config))
             .await
             .unwrap();
         let _ = channel.close(200, "ok".into()).await;
@@ -202,7 +214,7 @@ impl Running {
     }
 
     /// Starts `consumer` with an outbox relay beside it (`run_with_relay`).
-    pub fn start_with_relay<S: warren::OutboxStore>(
+    pub fn start_with_relay<S: warren::store::OutboxStore>(
         consumer: Consumer<S>,
         relay: warren::RelayConfig,
     ) -> Self {
@@ -261,7 +273,7 @@ pub async fn consume_until<B: Backend>(
     db: &TestDb<B>,
     broker: &TestBroker,
     n: u64,
-) -> warren::ConsumerStats {
+) -> warren::telemetry::ConsumerStats {
     let running = Running::start(Consumer::new(
         broker.config(),
         db.store.clone(),

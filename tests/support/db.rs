@@ -9,8 +9,8 @@ use warren::{PgStore, SqliteStore, Store, Tx};
 use super::{pg_admin_url, unique};
 
 /// A database dialect under test.
-pub trait Backend: warren::Dialect {
-    type S: warren::OutboxStore + Store<Db = Self>;
+pub trait Backend: warren::store::Dialect {
+    type S: warren::store::OutboxStore + Store<Db = Self>;
     const NAME: &'static str;
     /// A fresh, private database with warren migrated and the effects table.
     fn create() -> impl Future<Output = TestDb<Self>> + Send;

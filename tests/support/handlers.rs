@@ -8,6 +8,7 @@ use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use warren::config::ConsumerConfigBuilder;
 use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, RetryPolicy, Tx};
 
 use super::db::Backend;
@@ -212,8 +213,8 @@ pub const TEST_TIERS: [Duration; 3] = [
 pub const TEST_POISON_LIMIT: u32 = 3;
 
 /// A consumer configuration with short delays, so tests are quick.
-pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfig {
-    ConsumerConfig::new(name, queue)
+pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfigBuilder {
+    ConsumerConfig::builder(name, queue)
         .bind(exchange, ["test.#"])
         .with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(TEST_POISON_LIMIT))
         .with_failure_backoff(Duration::from_millis(200))

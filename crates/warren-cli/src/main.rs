@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use warren::admin::{DatabaseUrl, DeadLetter, Selection, printable};
 use warren::lapin;
+use warren::retry::DEFAULT_POISON_LIMIT;
+use warren::store::OutboxStore;
 use warren::{
-    ConsumerConfig, DEFAULT_POISON_LIMIT, DatabaseUrl, DeadLetter, DeadLetterQueue, OutboxStore,
-    PgStore, QueueType, RetryPolicy, Selection, SqliteStore, Topology, printable,
+    ConsumerConfig, DeadLetterQueue, PgStore, QueueType, RetryPolicy, SqliteStore, Topology,
 };
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -88,16 +90,16 @@ enum InboxCommand {
         #[arg(long)]
         consumer: String,
         /// Keep rows younger than this, e.g. 30d.
-        #[arg(long, value_parser = warren::parse_delay)]
+        #[arg(long, value_parser = warren::retry::parse_delay)]
         older_than: Duration,
         /// The consumer's retry tiers, for its retry horizon.
-        #[arg(long, value_delimiter = ',', default_value = "5s,30s,2m,10m,30m", value_parser = warren::parse_delay)]
+        #[arg(long, value_delimiter = ',', default_value = "5s,30s,2m,10m,30m", value_parser = warren::retry::parse_delay)]
         retry_tiers: Vec<Duration>,
         /// The consumer's total attempts [default: one per tier, plus one].
         #[arg(long)]
         max_attempts: Option<u32>,
         /// Time to allow for replays and republishing on top of the horizon.
-        #[arg(long, default_value = "7d", value_parser = warren::parse_delay)]
+        #[arg(long, default_value = "7d", value_parser = warren::retry::parse_delay)]
         replay_margin: Duration,
         /// Purge even if the window is shorter than horizon plus margin.
         #[arg(long)]
@@ -174,7 +176,7 @@ struct ConsumerArgs {
     #[arg(long, default_value = "quorum", value_parser = parse_queue_type)]
     queue_type: QueueType,
     /// Retry delay tiers, comma separated (ms, s, m, h).
-    #[arg(long, value_delimiter = ',', default_value = "5s,30s,2m,10m,30m", value_parser = warren::parse_delay)]
+    #[arg(long, value_delimiter = ',', default_value = "5s,30s,2m,10m,30m", value_parser = warren::retry::parse_delay)]
     retry_tiers: Vec<Duration>,
     /// Total attempts, the first included [default: one per tier, plus one].
     #[arg(long)]
@@ -272,14 +274,13 @@ impl ConsumerArgs {
         if let Some(n) = self.max_attempts {
             retry = retry.with_max_attempts(n);
         }
-        let mut config = ConsumerConfig::new(&self.queue, &self.queue)
+        let mut config = ConsumerConfig::builder(&self.queue, &self.queue)
             .with_queue_type(self.queue_type)
             .with_retry(retry);
         if let Some(exchange) = &self.exchange {
             config = config.bind(exchange, self.binding_keys.iter().cloned());
         }
-        config.validate().map_err(|e| e.to_string())?;
-        Ok(config)
+        config.build().map_err(|e| e.to_string())
     }
 }
 
@@ -305,7 +306,7 @@ fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// Message-derived text, escaped by [`warren::printable`], cut to `max` characters.
+/// Message-derived text, escaped by [`warren::admin::printable`], cut to `max` characters.
 fn one_line(s: &str, max: usize) -> String {
     let flat = printable(s);
     if flat.chars().count() <= max {
@@ -319,7 +320,10 @@ fn one_line(s: &str, max: usize) -> String {
 }
 
 fn print_payload(letter: &DeadLetter) {
-    println!("  payload: {}", warren::printable_bytes(&letter.body));
+    println!(
+        "  payload: {}",
+        warren::admin::printable_bytes(&letter.body)
+    );
 }
 
 /// A message id for display: escaped, `(none)` if empty.
@@ -423,7 +427,7 @@ macro_rules! with_store {
 async fn run(cli: Cli) -> Result<(), String> {
     let tls = cli.tls()?;
     let connect = || async {
-        warren::connect_with_tls(&cli.amqp_url, "warren cli", &tls)
+        warren::broker::connect_with_tls(&cli.amqp_url, "warren cli", &tls)
             .await
             .map(Arc::new)
             .map_err(|e| format!("cannot connect to the broker: {e}"))
@@ -439,7 +443,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .create_channel()
                 .await
                 .map_err(|e| e.to_string())?;
-            warren::declare(&channel, &topology)
+            warren::broker::declare(&channel, &topology)
                 .await
                 .map_err(|e| e.to_string())?;
             print_topology(&topology);
@@ -481,25 +485,25 @@ async fn run_inbox<S: OutboxStore>(store: &S, cmd: InboxCommand) -> Result<(), S
         policy = policy.with_max_attempts(n);
     }
     policy.validate().map_err(|e| e.to_string())?;
-    if older_than > warren::MAX_RETENTION {
+    if older_than > warren::admin::MAX_RETENTION {
         return Err(format!(
             "--older-than {} is longer than the most warren accepts ({}d)",
-            warren::format_delay(older_than),
-            warren::MAX_RETENTION.as_secs() / 86_400
+            warren::retry::format_delay(older_than),
+            warren::admin::MAX_RETENTION.as_secs() / 86_400
         ));
     }
-    if let Err(why) = warren::check_window(older_than, &policy, replay_margin) {
+    if let Err(why) = warren::admin::check_window(older_than, &policy, replay_margin) {
         if !force {
             return Err(why);
         }
         eprintln!("warren: --force: {why}");
     }
-    let deleted = warren::purge_inbox(store, &consumer, older_than)
+    let deleted = warren::admin::purge_inbox(store, &consumer, older_than)
         .await
         .map_err(|e| e.to_string())?;
     println!(
         "deleted {deleted} inbox row(s) of {consumer:?} older than {}",
-        warren::format_delay(older_than)
+        warren::retry::format_delay(older_than)
     );
     Ok(())
 }
@@ -558,7 +562,7 @@ async fn run_outbox_on<S: OutboxStore>(
 
 async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result<(), String> {
     let dlq = |queue: &str| DeadLetterQueue::new(Arc::clone(connection), queue);
-    let err = |e: warren::BrokerError| e.to_string();
+    let err = |e: warren::broker::BrokerError| e.to_string();
     match cmd {
         DlqCommand::List {
             queue,
@@ -638,7 +642,7 @@ fn main() -> ExitCode {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     // After RUST_LOG, so that no setting lets payloads into the logs.
-    for directive in warren::PAYLOAD_SAFE_LOG_DIRECTIVES {
+    for directive in warren::telemetry::PAYLOAD_SAFE_LOG_DIRECTIVES {
         filter = filter.add_directive(directive.parse().expect("warren's directives parse"));
     }
     tracing_subscriber::fmt()

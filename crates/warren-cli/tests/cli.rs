@@ -370,7 +370,7 @@ async fn outbox_status_and_retry_failed<B: Backend>() {
     );
 
     // Counted in SQL for the relay's gauges; listed only up to --limit.
-    use warren::OutboxStore;
+    use warren::store::OutboxStore;
     let counts = db.store.outbox_counts().await.unwrap();
     assert_eq!((counts.pending, counts.failed), (0, 1));
     let bounded = warren(&[
@@ -464,10 +464,13 @@ async fn dlq_output_escapes_control_characters() {
     let text_value = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
     let mut headers = FieldTable::default();
     headers.insert(
-        warren::HEADER_REASON.into(),
+        warren::headers::HEADER_REASON.into(),
         text_value(&format!("r{evil}")),
     );
-    headers.insert(warren::HEADER_ERROR.into(), text_value(&format!("e{evil}")));
+    headers.insert(
+        warren::headers::HEADER_ERROR.into(),
+        text_value(&format!("e{evil}")),
+    );
     headers.insert(
         format!("x-h{}", &evil[..5]).as_str().into(),
         text_value(evil),

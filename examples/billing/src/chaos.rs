@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren::{DeadLetterQueue, OutboxStore};
+use warren::DeadLetterQueue;
+use warren::store::OutboxStore;
 use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
 
 use crate::db::BillingDb;
@@ -56,7 +57,7 @@ async fn publish_through_faults(
         let mut tries = 0;
         loop {
             if connection.as_ref().is_none_or(|c| !c.status().connected()) {
-                connection = warren::connect(&amqp_url, "billing chaos publisher")
+                connection = warren::broker::connect(&amqp_url, "billing chaos publisher")
                     .await
                     .ok()
                     .map(Arc::new);
@@ -66,7 +67,7 @@ async fn publish_through_faults(
                     let publisher = warren::Publisher::new(Arc::clone(c));
                     let items: Vec<_> = chunk
                         .iter()
-                        .map(|m| warren::BatchItem {
+                        .map(|m| warren::broker::BatchItem {
                             exchange: &exchange,
                             routing_key: &m.routing_key,
                             body: &m.body,
@@ -203,7 +204,7 @@ pub async fn run<B: BillingDb>(
         started.elapsed().as_secs_f64()
     );
     let connection = Arc::new(
-        warren::connect_with_tls(amqp_url, "billing chaos checks", &settings.tls)
+        warren::broker::connect_with_tls(amqp_url, "billing chaos checks", &settings.tls)
             .await
             .map_err(|e| e.to_string())?,
     );
@@ -211,7 +212,7 @@ pub async fn run<B: BillingDb>(
         .retry
         .tiers()
         .iter()
-        .map(|d| warren::retry_queue_name(&names.queue(), *d))
+        .map(|d| warren::topology::retry_queue_name(&names.queue(), *d))
         .collect();
     let drain_start = Instant::now();
     let settled = loop {
@@ -221,7 +222,7 @@ pub async fn run<B: BillingDb>(
         let pending = store.outbox_status().await.map(|o| o.pending).unwrap_or(-1);
         let mut queued = 0;
         for q in std::iter::once(names.queue()).chain(tiers.iter().cloned()) {
-            queued += warren::inspect_queue(&connection, &q)
+            queued += warren::broker::inspect_queue(&connection, &q)
                 .await
                 .map(|i| i.ready)
                 .unwrap_or(1);
@@ -252,7 +253,7 @@ pub async fn run<B: BillingDb>(
     }
     let mut leftover = Vec::new();
     for q in std::iter::once(names.queue()).chain(tiers.iter().cloned()) {
-        let ready = warren::inspect_queue(&connection, &q)
+        let ready = warren::broker::inspect_queue(&connection, &q)
             .await
             .map_err(|e| e.to_string())?;
         if ready.ready > 0 {

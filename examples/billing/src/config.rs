@@ -7,7 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use warren::{DatabaseUrl, RetryPolicy, TlsOptions};
+use warren::admin::DatabaseUrl;
+use warren::{RetryPolicy, TlsOptions};
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
@@ -110,11 +111,11 @@ impl Config {
     /// Checks every value; the error names the key and what is allowed.
     pub fn resolve(raw: Raw) -> Result<Config, String> {
         let amqp_url = raw.amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.into());
-        for u in warren::split_url_list(&amqp_url) {
+        for u in warren::admin::split_url_list(&amqp_url) {
             if !(u.starts_with("amqp://") || u.starts_with("amqps://")) {
                 return Err(format!(
                     "amqp_url: {} is not a broker URL; use amqp://user:password@host:port/vhost (several separated by commas)",
-                    warren::redact_url(u)
+                    warren::admin::redact_url(u)
                 ));
             }
         }
@@ -141,11 +142,13 @@ impl Config {
         let http: SocketAddr = http.parse().map_err(|_| {
             format!("http: {http:?} is not an address; use host:port, e.g. 127.0.0.1:9464")
         })?;
-        let prefetch = raw.prefetch.unwrap_or(warren::DEFAULT_PREFETCH);
+        let prefetch = raw.prefetch.unwrap_or(warren::config::DEFAULT_PREFETCH);
         if prefetch == 0 {
             return Err("prefetch: must be at least 1 (0 would mean unlimited)".into());
         }
-        let concurrency = raw.concurrency.unwrap_or(warren::DEFAULT_CONCURRENCY);
+        let concurrency = raw
+            .concurrency
+            .unwrap_or(warren::config::DEFAULT_CONCURRENCY);
         if concurrency == 0 || concurrency > usize::from(prefetch) {
             return Err(format!(
                 "concurrency: must be from 1 to prefetch ({prefetch}), got {concurrency}"
@@ -157,7 +160,7 @@ impl Config {
                 let parsed = tiers
                     .iter()
                     .flat_map(|t| t.split(','))
-                    .map(warren::parse_delay)
+                    .map(warren::retry::parse_delay)
                     .collect::<Result<Vec<_>, _>>();
                 key("retry_tiers", parsed).and_then(|t| {
                     key(
@@ -178,7 +181,7 @@ impl Config {
             .transpose()?;
         let inbox_retention = raw
             .inbox_retention
-            .map(|r| key("inbox_retention", warren::parse_delay(&r)))
+            .map(|r| key("inbox_retention", warren::retry::parse_delay(&r)))
             .transpose()?;
         if let Some(window) = inbox_retention {
             let policy = retry_tiers
@@ -187,12 +190,12 @@ impl Config {
                 .unwrap_or_default();
             key(
                 "inbox_retention",
-                warren::check_window(window, &policy, warren::DEFAULT_REPLAY_MARGIN),
+                warren::admin::check_window(window, &policy, warren::admin::DEFAULT_REPLAY_MARGIN),
             )?;
         }
         let consumer_timeout = key(
             "consumer_timeout",
-            warren::parse_delay(raw.consumer_timeout.as_deref().unwrap_or("30m")),
+            warren::retry::parse_delay(raw.consumer_timeout.as_deref().unwrap_or("30m")),
         )?;
         if consumer_timeout.is_zero() {
             return Err("consumer_timeout: must be above zero".into());
@@ -237,7 +240,7 @@ fn resolve_tls(files: [&Option<String>; 3], amqp_url: &str) -> Result<TlsOptions
     {
         return Err(format!(
             "{key}: TLS files are set but the broker URL {} is not amqps://",
-            warren::redact_url(plain)
+            warren::admin::redact_url(plain)
         ));
     }
     Ok(tls)

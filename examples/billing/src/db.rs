@@ -8,7 +8,9 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use sqlx::{Pool, Postgres, Sqlite};
-use warren::{DatabaseUrl, OutboxStore, PgStore, SqliteStore, Store, StoreError, Tx};
+use warren::admin::DatabaseUrl;
+use warren::store::OutboxStore;
+use warren::{PgStore, SqliteStore, Store, StoreError, Tx};
 
 use crate::amount::Amount;
 
@@ -43,7 +45,7 @@ pub struct Counts {
 }
 
 /// A database billing runs on.
-pub trait BillingDb: warren::Dialect {
+pub trait BillingDb: warren::store::Dialect {
     type S: OutboxStore + Store<Db = Self>;
 
     /// Creates billing's tables if missing (warren's are migrated by warren).

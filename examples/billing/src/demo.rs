@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use warren::{OutboxStore, QueueType, RelayConfig, RetryPolicy};
+use warren::store::OutboxStore;
+use warren::{QueueType, RelayConfig, RetryPolicy};
 
 use crate::db::BillingDb;
 use crate::service::{self, Names, Settings};
@@ -58,7 +59,7 @@ pub async fn run<B: BillingDb>(
     let running =
         service::start::<B>(store.clone(), amqp_url, names, settings, relay, stop_rx).await?;
     let connection = Arc::new(
-        warren::connect_with_tls(amqp_url, "billing demo", &settings.tls)
+        warren::broker::connect_with_tls(amqp_url, "billing demo", &settings.tls)
             .await
             .map_err(|e| e.to_string())?,
     );
@@ -150,7 +151,7 @@ pub async fn run<B: BillingDb>(
 }
 
 #[allow(clippy::print_stdout)]
-fn print_table(e: &Expected, r: &Report, s: &warren::ConsumerStats) {
+fn print_table(e: &Expected, r: &Report, s: &warren::telemetry::ConsumerStats) {
     let rows: Vec<(&str, String)> = vec![
         ("published (deliveries)", e.published.to_string()),
         ("unique messages", e.unique.to_string()),
@@ -176,7 +177,12 @@ fn print_table(e: &Expected, r: &Report, s: &warren::ConsumerStats) {
     println!("  {:<28} {}", "loyalty points", r.counts.loyalty_sum);
 }
 
-fn checks(e: &Expected, r: &Report, s: &warren::ConsumerStats, settled: bool) -> Vec<Check> {
+fn checks(
+    e: &Expected,
+    r: &Report,
+    s: &warren::telemetry::ConsumerStats,
+    settled: bool,
+) -> Vec<Check> {
     let c = &r.counts;
     let applied = c.inbox_rows as usize;
     vec![

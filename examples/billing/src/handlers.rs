@@ -6,7 +6,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use warren::{HandlerError, Message, Metadata, Outgoing, Registry, State, Tx};
+use warren::envelope::Metadata;
+use warren::{HandlerError, Message, Outgoing, Registry, State, Tx};
 
 use crate::amount::{Amount, shown};
 use crate::db::{BillingDb, Payment};

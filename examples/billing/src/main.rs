@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use sqlx::{Postgres, Sqlite};
-use warren::{DatabaseUrl, QueueType, RetryPolicy};
+use warren::admin::DatabaseUrl;
+use warren::{QueueType, RetryPolicy};
 
 use crate::config::{Config, LogFormat};
 use crate::db::{BillingDb, Database};
@@ -139,7 +140,7 @@ enum Command {
         #[arg(long)]
         seed: Option<u64>,
         /// Mean pause between faults.
-        #[arg(long, default_value = "1500ms", value_parser = warren::parse_delay)]
+        #[arg(long, default_value = "1500ms", value_parser = warren::retry::parse_delay)]
         fault_interval: Duration,
         /// Probability of each crash point when armed.
         #[arg(long, default_value_t = 0.01)]
@@ -148,7 +149,7 @@ enum Command {
         #[arg(long)]
         no_broker_restarts: bool,
         /// Stop injecting faults after this long.
-        #[arg(long, default_value = "5m", value_parser = warren::parse_delay)]
+        #[arg(long, default_value = "5m", value_parser = warren::retry::parse_delay)]
         max_fault_time: Duration,
         /// Publish at most this many messages per second, e.g. 100/s, so the
         /// stream flows for a while under faults [default: as fast as possible].
@@ -226,7 +227,7 @@ fn init_logging(format: Option<LogFormat>, default_level: &str) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // After RUST_LOG, so that no setting lets payloads into the logs.
-    for directive in warren::PAYLOAD_SAFE_LOG_DIRECTIVES {
+    for directive in warren::telemetry::PAYLOAD_SAFE_LOG_DIRECTIVES {
         filter = filter.add_directive(directive.parse().expect("warren's directives parse"));
     }
     let json = match format {
@@ -314,7 +315,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             service::declare(&cli.amqp_url, &names, &settings).await?;
             let plan = stream::plan(&spec);
             let connection = Arc::new(
-                warren::connect_with_tls(&cli.amqp_url, "billing publish", &cli.tls)
+                warren::broker::connect_with_tls(&cli.amqp_url, "billing publish", &cli.tls)
                     .await
                     .map_err(|e| e.to_string())?,
             );
@@ -356,7 +357,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             }
             let db = open(&url, None, 2).await?;
             let connection = Arc::new(
-                warren::connect_with_tls(&cli.amqp_url, "billing status", &cli.tls)
+                warren::broker::connect_with_tls(&cli.amqp_url, "billing status", &cli.tls)
                     .await
                     .map_err(|e| e.to_string())?,
             );
@@ -511,10 +512,10 @@ async fn chaos_command(
     let mut tiers = RetryPolicy::new(
         chaos::TIERS
             .split(',')
-            .map(|t| warren::parse_delay(t).expect("valid tiers")),
+            .map(|t| warren::retry::parse_delay(t).expect("valid tiers")),
     );
     // The retry policy must match the processes' (the topology is derived from it).
-    tiers = tiers.with_poison_limit(warren::DEFAULT_POISON_LIMIT);
+    tiers = tiers.with_poison_limit(warren::retry::DEFAULT_POISON_LIMIT);
     let settings = Settings {
         retry: tiers.clone(),
         ..cli.settings(tiers)
@@ -533,7 +534,7 @@ async fn chaos_command(
         println!(
             "kept: prefix {:?}, database {}",
             names.prefix,
-            warren::redact_url(&fresh.url)
+            warren::admin::redact_url(&fresh.url)
         );
     } else {
         teardown(cli, &names, &settings, fresh.schema.as_deref()).await;
@@ -564,9 +565,11 @@ async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
 /// Removes what the demo created: its queues and exchange, and its schema.
 async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Option<&str>) {
     if let Ok(connection) =
-        warren::connect_with_tls(&cli.amqp_url, "billing demo teardown", &cli.tls).await
+        warren::broker::connect_with_tls(&cli.amqp_url, "billing demo teardown", &cli.tls).await
     {
-        let _ = warren::delete(&connection, &service::topology(names, settings)).await;
+        if let Ok(topology) = service::topology(names, settings) {
+            let _ = warren::broker::delete(&connection, &topology).await;
+        }
         let _ = connection.close(200, "done".into()).await;
     }
     if let (Some(schema), Some(url)) = (schema, &cli.database_url)

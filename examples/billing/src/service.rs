@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use warren::{
-    ConsumerConfig, QueueType, RelayConfig, RetryPolicy, StatsHandle, TlsOptions, Topology,
+    ConfigError, ConsumerConfig, QueueType, RelayConfig, RetryPolicy, StatsHandle, TlsOptions,
+    Topology,
 };
 
 use crate::db::BillingDb;
@@ -54,8 +55,8 @@ pub struct Settings {
 }
 
 /// billing's consumer configuration for `names`.
-pub fn consumer_config(names: &Names, settings: &Settings) -> ConsumerConfig {
-    ConsumerConfig::new(CONSUMER, names.queue())
+pub fn consumer_config(names: &Names, settings: &Settings) -> Result<ConsumerConfig, ConfigError> {
+    ConsumerConfig::builder(CONSUMER, names.queue())
         .bind(names.exchange(), ["billing.invoice-paid.*"])
         .with_prefetch(settings.prefetch)
         .with_concurrency(settings.concurrency)
@@ -68,29 +69,31 @@ pub fn consumer_config(names: &Names, settings: &Settings) -> ConsumerConfig {
             names.recorded_queue(),
             "billing.invoice-payment-recorded.*",
         )
+        .build()
 }
 
 /// Everything billing declares: the consumer's topology, the downstream stand-in
 /// queue for recorded payments included.
-pub fn topology(names: &Names, settings: &Settings) -> Topology {
-    Topology::for_consumer(&consumer_config(names, settings))
+pub fn topology(names: &Names, settings: &Settings) -> Result<Topology, ConfigError> {
+    Ok(Topology::for_consumer(&consumer_config(names, settings)?))
 }
 
 /// Declares billing's topology.
 pub async fn declare(amqp_url: &str, names: &Names, settings: &Settings) -> Result<(), String> {
-    let connection = warren::connect_with_tls(amqp_url, "billing setup", &settings.tls)
+    let topology = topology(names, settings).map_err(|e| e.to_string())?;
+    let connection = warren::broker::connect_with_tls(amqp_url, "billing setup", &settings.tls)
         .await
         .map_err(|e| {
             format!(
                 "cannot reach the broker at {}: {e}",
-                warren::redact_url(amqp_url)
+                warren::admin::redact_url(amqp_url)
             )
         })?;
     let channel = connection
         .create_channel()
         .await
         .map_err(|e| e.to_string())?;
-    let declared = warren::declare(&channel, &topology(names, settings)).await;
+    let declared = warren::broker::declare(&channel, &topology).await;
     let _ = connection.close(200, "declared".into()).await;
     declared.map_err(|e| e.to_string())
 }
@@ -115,7 +118,7 @@ pub async fn start<B: BillingDb>(
         .map_err(|e| format!("cannot create billing's tables: {e}"))?;
     declare(amqp_url, names, settings).await?;
     let consumer = warren::Consumer::new(
-        consumer_config(names, settings),
+        consumer_config(names, settings).map_err(|e| e.to_string())?,
         store,
         handlers::routes::<B>(&names.exchange()),
     );
@@ -209,7 +212,7 @@ async fn purge_on_schedule<B: BillingDb>(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        match warren::purge_inbox(&store, CONSUMER, window).await {
+        match warren::admin::purge_inbox(&store, CONSUMER, window).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "purged inbox rows past retention"),
             Err(e) => tracing::warn!(error = %e, "inbox purge failed; trying again in an hour"),

@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use warren::DeadLetterQueue;
 use warren::outbox::OutboxStatus;
-use warren::{DeadLetterQueue, OutboxStore};
+use warren::store::OutboxStore;
 
 use crate::db::{BillingDb, Counts};
 use crate::handlers::CONSUMER;
@@ -39,7 +40,7 @@ pub async fn gather<B: BillingDb>(
         .map_err(|e| e.to_string())?;
     let outbox = store.outbox_status().await.map_err(|e| e.to_string())?;
     let depth = |q: String| async move {
-        warren::inspect_queue(connection, &q)
+        warren::broker::inspect_queue(connection, &q)
             .await
             .map(|i| i.ready)
             .map_err(|e| format!("queue {q}: {e}"))
@@ -54,7 +55,7 @@ pub async fn gather<B: BillingDb>(
     {
         // Reasons come from headers a producer could set: escaped before printing.
         *dead_letters
-            .entry(warren::printable(letter.reason()).into_owned())
+            .entry(warren::admin::printable(letter.reason()).into_owned())
             .or_default() += 1;
     }
     Ok(Report {

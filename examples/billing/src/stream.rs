@@ -242,7 +242,7 @@ pub async fn publish(
     for chunk in plan.messages.chunks(200) {
         let items: Vec<_> = chunk
             .iter()
-            .map(|m| warren::BatchItem {
+            .map(|m| warren::broker::BatchItem {
                 exchange,
                 routing_key: &m.routing_key,
                 body: &m.body,

@@ -363,19 +363,24 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
         format!("{prefix}.invoice-paid.dead-letter"),
         format!("{prefix}.invoice-payment-recorded"),
     ] {
-        topology
-            .queues
-            .push(warren::QueueSpec::new(q, warren::QueueType::Quorum));
+        topology.queues.push(warren::topology::QueueSpec::new(
+            q,
+            warren::QueueType::Quorum,
+        ));
     }
-    topology.exchanges.push(warren::ExchangeSpec {
+    topology.exchanges.push(warren::topology::ExchangeSpec {
         name: format!("{prefix}.events"),
-        kind: warren::ExchangeKind::Topic,
+        kind: warren::topology::ExchangeKind::Topic,
     });
-    warren::delete(&connection, &topology).await.unwrap();
+    warren::broker::delete(&connection, &topology)
+        .await
+        .unwrap();
 }
 
 async fn warren_connect() -> warren::lapin::Connection {
-    warren::connect(AMQP_URL, "billing tests").await.unwrap()
+    warren::broker::connect(AMQP_URL, "billing tests")
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -599,15 +604,16 @@ async fn delete_topology(connection: &warren::lapin::Connection, prefix: &str) {
         format!("{prefix}.invoice-paid.dead-letter"),
         format!("{prefix}.invoice-payment-recorded"),
     ] {
-        topology
-            .queues
-            .push(warren::QueueSpec::new(q, warren::QueueType::Quorum));
+        topology.queues.push(warren::topology::QueueSpec::new(
+            q,
+            warren::QueueType::Quorum,
+        ));
     }
-    topology.exchanges.push(warren::ExchangeSpec {
+    topology.exchanges.push(warren::topology::ExchangeSpec {
         name: format!("{prefix}.events"),
-        kind: warren::ExchangeKind::Topic,
+        kind: warren::topology::ExchangeKind::Topic,
     });
-    warren::delete(connection, &topology).await.unwrap();
+    warren::broker::delete(connection, &topology).await.unwrap();
 }
 
 /// Issue 10: amounts are exact decimals on both databases (a 30-digit amount and
@@ -836,11 +842,13 @@ async fn returned_events_put_no_payload_in_the_logs() {
     // the broker returns it to the relay.
     let connection = std::sync::Arc::new(warren_connect().await);
     let mut downstream = warren::Topology::default();
-    downstream.queues.push(warren::QueueSpec::new(
+    downstream.queues.push(warren::topology::QueueSpec::new(
         format!("{prefix}.invoice-payment-recorded"),
         warren::QueueType::Quorum,
     ));
-    warren::delete(&connection, &downstream).await.unwrap();
+    warren::broker::delete(&connection, &downstream)
+        .await
+        .unwrap();
 
     let invoice = paid("cus_logs", "12.00", "EUR");
     let marker = invoice.invoice.clone();

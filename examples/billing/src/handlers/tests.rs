@@ -24,7 +24,7 @@ async fn kit() -> TestConsumer<SqliteStore> {
         tls: TlsOptions::default(),
     };
     TestConsumer::new(
-        consumer_config(&names, &settings),
+        consumer_config(&names, &settings).unwrap(),
         store,
         routes::<Sqlite>(&names.exchange()),
     )
