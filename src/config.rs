@@ -17,6 +17,8 @@ pub const DEFAULT_PREFETCH: u16 = 32;
 pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Default time in-flight messages get to finish after shutdown is requested.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default deadline of a suspect's solo run: past it, the run counts like a crash.
+pub const DEFAULT_SOLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default wait before returning a delivery whose outcome could not be recorded
 /// (retry or dead-letter queue unreachable), so that nothing spins hot.
 pub const DEFAULT_FAILURE_BACKOFF: Duration = Duration::from_secs(2);
@@ -81,6 +83,8 @@ pub struct ConsumerConfig {
     /// Share of `consumer_timeout` after which a still-running handler is logged
     /// as a warning (default 0.5).
     pub(crate) timeout_warning_share: f64,
+    /// How long a suspect may run alone before the run counts like a crash.
+    pub(crate) solo_timeout: Duration,
     /// How `amqps://` connections verify the broker and authenticate (a private
     /// CA, a client certificate). Ignored by `amqp://` URLs, unless set: then the
     /// connect fails rather than run unencrypted.
@@ -116,6 +120,7 @@ impl ConsumerConfig {
                 queue_metrics_interval: Duration::from_secs(15),
                 consumer_timeout: Duration::from_secs(30 * 60),
                 timeout_warning_share: 0.5,
+                solo_timeout: DEFAULT_SOLO_TIMEOUT,
                 tls: TlsOptions::default(),
             },
         }
@@ -189,6 +194,11 @@ impl ConsumerConfig {
         &self.tls
     }
 
+    /// How long a suspect may run alone before the run counts like a crash.
+    pub fn solo_timeout(&self) -> Duration {
+        self.solo_timeout
+    }
+
     /// The broker's `consumer_timeout` this consumer assumes.
     pub fn consumer_timeout(&self) -> Duration {
         self.consumer_timeout
@@ -255,6 +265,9 @@ impl ConsumerConfig {
                     self.timeout_warning_share
                 ),
             );
+        }
+        if self.solo_timeout.is_zero() {
+            return fail("solo timeout", "must be above zero".into());
         }
         if self.queue_metrics_interval.is_zero() {
             return fail("queue metrics interval", "must be above zero".into());
@@ -371,6 +384,17 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets the deadline of a suspect's solo run (default 60 s). A suspect (a
+    /// redelivery, which may be what killed the last process) runs with no other
+    /// handler running in the process, so a hung one would stop the process;
+    /// past this deadline its transaction is rolled back, it goes back to its
+    /// queue, and the run counts like a crash toward the poison limit. Set it
+    /// above your slowest handler.
+    pub fn with_solo_timeout(mut self, timeout: Duration) -> Self {
+        self.config.solo_timeout = timeout;
+        self
+    }
+
     /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
     pub fn with_tls(mut self, tls: TlsOptions) -> Self {
         self.config.tls = tls;
@@ -394,11 +418,20 @@ impl ConsumerConfig {
             binding_keys: self.binding_keys.clone(),
             queue_type: self.queue_type,
             tiers: self.retry.tiers().to_vec(),
-            poison_limit: self.retry.poison_limit(),
+            delivery_limit: backstop_delivery_limit(self.prefetch, self.retry.poison_limit()),
             outgoing: self.outgoing.clone(),
             stand_ins: self.stand_ins.clone(),
         }
     }
+}
+
+/// The broker's delivery limit on a quorum main queue: the far backstop for a
+/// process that dies before it can record a solo run. Every message a dying
+/// process held gains a delivery, and a message can wait behind a poison one
+/// through all of its solo runs, so the limit grows with the prefetch window
+/// times the poison limit, never below 20.
+fn backstop_delivery_limit(prefetch: u16, poison_limit: u32) -> i64 {
+    (i64::from(prefetch) * (i64::from(poison_limit) + 1)).max(20)
 }
 
 impl Topology {
@@ -444,7 +477,8 @@ mod tests {
             ]
         );
         let main = &t.queues[0];
-        assert_eq!(arg(main, "x-delivery-limit"), ArgValue::Int(10));
+        // Prefetch 32 times (poison limit 5 + 1).
+        assert_eq!(arg(main, "x-delivery-limit"), ArgValue::Int(192));
         assert_eq!(
             arg(main, "x-dead-letter-routing-key"),
             s("p.invoice-paid.dead-letter")

@@ -13,7 +13,7 @@ use crate::Error;
 use crate::broker::{self, Backoff, Port, Publisher, Subscription};
 use crate::config::ConsumerConfig;
 use crate::config_error::ConfigError;
-use crate::dispatcher::Dispatcher;
+use crate::dispatcher::{Dispatcher, SoloBarrier};
 use crate::failpoint;
 use crate::headers::Signer;
 use crate::pipeline::Pipeline;
@@ -44,6 +44,7 @@ impl<S: Store> Consumer<S> {
                 registry: registry.erase(),
                 telemetry,
                 signer: OnceLock::new(),
+                barrier: SoloBarrier::process(),
             }),
         }
     }

@@ -2,10 +2,10 @@
 //!
 //! The dispatcher is the one owner of scheduling. It takes deliveries in the
 //! order the broker sent them and hands out batches; the policies that later
-//! work fills in live here: a solo barrier for suspects (a redelivery runs
-//! alone), lanes by key (one entity's messages in order), and the batch former
-//! (several messages in one transaction). Today: batches of one, no lanes, no
-//! barrier.
+//! work fills in live here: the solo barrier for suspects (a redelivery runs
+//! alone, see [`barrier`]), lanes by key (one entity's messages in order), and
+//! the batch former (several messages in one transaction). Today: a suspect is
+//! a batch of its own that runs alone; other batches hold one delivery.
 //!
 //! The [`AckWatermark`] says how far an ack with `multiple` may reach: never past
 //! a delivery that is still held, retrying or waiting.
@@ -13,6 +13,36 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use crate::broker::Delivery;
+
+pub(crate) mod barrier;
+pub(crate) use barrier::SoloBarrier;
+
+/// Deliveries that run together.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    /// In broker order.
+    pub(crate) deliveries: Vec<Delivery>,
+    /// A suspect: one redelivered delivery, to run with nothing else running in
+    /// the process.
+    pub(crate) alone: bool,
+}
+
+impl Batch {
+    /// One delivery as a batch of its own, alone if it is a suspect.
+    pub(crate) fn of(delivery: Delivery) -> Self {
+        Self {
+            alone: is_suspect(&delivery),
+            deliveries: vec![delivery],
+        }
+    }
+}
+
+/// A redelivery may be what killed the last process that held it. The broker's
+/// `redelivered` flag decides, not a delivery-count header: a producer can forge
+/// a header, not the flag.
+pub(crate) fn is_suspect(delivery: &Delivery) -> bool {
+    delivery.redelivered
+}
 
 /// Buffers deliveries and forms the batches that run next.
 #[derive(Debug)]
@@ -36,13 +66,23 @@ impl Dispatcher {
     }
 
     /// The next batch from what is already buffered, oldest first, never waiting
-    /// for more; `None` when nothing is buffered.
-    pub(crate) fn next_batch(&mut self) -> Option<Vec<Delivery>> {
-        if self.buffered.is_empty() {
-            return None;
+    /// for more; `None` when nothing is buffered. A suspect is always a batch of
+    /// its own, and ends the batch of ordinary deliveries before it.
+    pub(crate) fn next_batch(&mut self) -> Option<Batch> {
+        let first = self.buffered.pop_front()?;
+        if is_suspect(&first) {
+            return Some(Batch::of(first));
         }
-        let n = self.batch_size.min(self.buffered.len());
-        Some(self.buffered.drain(..n).collect())
+        let mut deliveries = vec![first];
+        while deliveries.len() < self.batch_size
+            && self.buffered.front().is_some_and(|d| !is_suspect(d))
+        {
+            deliveries.extend(self.buffered.pop_front());
+        }
+        Some(Batch {
+            deliveries,
+            alone: false,
+        })
     }
 
     /// Deliveries buffered and not yet handed out.
@@ -122,6 +162,17 @@ mod tests {
         }
     }
 
+    fn redelivery(tag: u64) -> Delivery {
+        Delivery {
+            tag,
+            exchange: String::new(),
+            routing_key: String::new(),
+            redelivered: true,
+            properties: Default::default(),
+            body: Vec::new(),
+        }
+    }
+
     #[test]
     fn batches_keep_broker_order_and_never_wait_for_more() {
         let mut d = Dispatcher::new(1);
@@ -131,8 +182,8 @@ mod tests {
         }
         let tags: Vec<u64> = std::iter::from_fn(|| d.next_batch())
             .map(|b| {
-                assert_eq!(b.len(), 1, "batch size 1");
-                b[0].tag
+                assert_eq!(b.deliveries.len(), 1, "batch size 1");
+                b.deliveries[0].tag
             })
             .collect();
         assert_eq!(tags, [1, 2, 3]);
@@ -140,13 +191,37 @@ mod tests {
         for tag in 1..=3 {
             d.push(delivery(tag));
         }
-        assert_eq!(d.next_batch().unwrap().len(), 2);
+        assert_eq!(d.next_batch().unwrap().deliveries.len(), 2);
         assert_eq!(
-            d.next_batch().unwrap().len(),
+            d.next_batch().unwrap().deliveries.len(),
             1,
             "what is there, no waiting"
         );
         assert_eq!(d.buffered(), 0);
+    }
+
+    #[test]
+    fn a_suspect_runs_alone_and_never_joins_a_batch() {
+        let mut d = Dispatcher::new(8);
+        d.push(delivery(1));
+        d.push(delivery(2));
+        d.push(redelivery(3));
+        d.push(redelivery(4));
+        d.push(delivery(5));
+        let batches: Vec<(Vec<u64>, bool)> = std::iter::from_fn(|| d.next_batch())
+            .map(|b| (b.deliveries.iter().map(|d| d.tag).collect(), b.alone))
+            .collect();
+        assert_eq!(
+            batches,
+            [
+                (vec![1, 2], false),
+                (vec![3], true),
+                (vec![4], true),
+                (vec![5], false)
+            ]
+        );
+        assert!(!Batch::of(delivery(6)).alone);
+        assert!(Batch::of(redelivery(7)).alone);
     }
 
     #[test]

@@ -60,6 +60,13 @@ pub(crate) enum Disposition {
         /// Why, for the log.
         error: String,
     },
+    /// A suspect outran its solo deadline: put the delivery itself back
+    /// (`nack` with requeue), so that it stays a suspect and its recorded solo
+    /// run counts like a crash.
+    Requeue {
+        /// Why, for the log.
+        error: String,
+    },
 }
 
 impl Disposition {

@@ -21,6 +21,7 @@ use futures_util::FutureExt;
 use crate::amqp::header_int;
 use crate::broker::{Delivery, Port};
 use crate::config::ConsumerConfig;
+use crate::dispatcher::{Batch, SoloBarrier};
 use crate::disposition::{Applied, Disposition, Failure, decide};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
 use crate::failpoint;
@@ -40,6 +41,8 @@ pub(crate) struct Pipeline<S: Store> {
     /// Signs warren's headers on copies and verifies them on deliveries; the key
     /// comes from the store, loaded once at start.
     pub(crate) signer: OnceLock<Signer>,
+    /// Suspects run alone in the process: shared by every consumer in it.
+    pub(crate) barrier: SoloBarrier,
 }
 
 /// A delivery that passed validation and routing, bound to its handler.
@@ -50,15 +53,16 @@ struct Prepared<DB: sqlx::Database> {
 
 impl<S: Store> Pipeline<S> {
     /// Applies a batch of deliveries, each in its own transaction and settled on
-    /// its own: one failing message never affects another.
-    pub(crate) async fn run(&self, port: &dyn Port, batch: Vec<Delivery>) {
-        for delivery in batch {
-            self.run_one(port, delivery).await;
+    /// its own: one failing message never affects another. A batch the
+    /// dispatcher marked `alone` (a suspect) runs with nothing else running.
+    pub(crate) async fn run(&self, port: &dyn Port, batch: Batch) {
+        for delivery in batch.deliveries {
+            self.run_one(port, delivery, batch.alone).await;
         }
     }
 
     /// The rule, for one delivery.
-    async fn run_one(&self, port: &dyn Port, mut delivery: Delivery) {
+    async fn run_one(&self, port: &dyn Port, mut delivery: Delivery, alone: bool) {
         let started = Instant::now();
         let received_at = Utc::now();
         // From here on, only headers warren signed count as warren's; forged
@@ -75,40 +79,34 @@ impl<S: Store> Pipeline<S> {
                 None,
             ),
             Ok(Prepared { meta, call }) => {
-                let disposition = match self.poison_check(&delivery, &meta).await {
-                    Some(deliveries) => Disposition::dead_letter(
-                        DeadLetterReason::Poison,
-                        format!(
-                            "delivered {deliveries} times without an outcome being recorded; \
-                             the process probably died handling it"
-                        ),
-                        history.attempt(),
-                    ),
-                    None => {
-                        let entry = inbox_entry(&self.config.name, &meta, received_at);
-                        let applied = self
-                            .watch_duration(
-                                &meta.message_id,
-                                self.apply(call, &meta, &entry, delivery.redelivered),
-                            )
-                            .await;
-                        decide(applied, history.attempt(), &self.config.retry)
-                    }
+                let entry = inbox_entry(&self.config.name, &meta, received_at);
+                let disposition = if alone {
+                    self.run_alone(call, &meta, &entry, history.attempt()).await
+                } else {
+                    let _shared = self.barrier.shared().await;
+                    let applied = self
+                        .watch_duration(&meta.message_id, self.apply(call, &meta, &entry, false))
+                        .await;
+                    decide(applied, history.attempt(), &self.config.retry)
                 };
                 (disposition, Some(meta))
             }
         };
+        let moved_on = matches!(
+            disposition,
+            Disposition::Retry { .. } | Disposition::DeadLetter { .. }
+        );
         let outcome = self.settle(port, &delivery, disposition).await;
 
-        // A redelivery count written before the handler ran belongs to this
-        // copy's crash history; once the message moved on (retry tier, dead
-        // letter) that history is over. The applied path cleared it in its own
-        // transaction.
+        // The solo runs recorded for a suspect are its crash history; once the
+        // message moved on (retry tier, dead letter) that history is over. The
+        // applied path cleared them in its own transaction.
         if let Some(meta) = &meta
-            && delivery.redelivered
+            && alone
+            && moved_on
             && matches!(outcome, Outcome::Retried | Outcome::DeadLettered(_))
         {
-            self.forget_redeliveries(&meta.message_id).await;
+            self.forget_solo_runs(&meta.message_id).await;
         }
         self.record(outcome, &delivery, &history, meta.as_ref(), started);
     }
@@ -155,33 +153,69 @@ impl<S: Store> Pipeline<S> {
         })
     }
 
-    /// `Some(deliveries)` if the message has been handed out so often without any
-    /// outcome that it must be killing the process: poison.
+    /// A suspect: waits until it can run with no other handler running in the
+    /// process, records in its own committed transaction that it started alone,
+    /// then applies it under the solo deadline.
     ///
-    /// The count is warren's own, kept in the database, on every queue type: a
-    /// broker's delivery-count header can be set by a producer on a first
-    /// delivery (RabbitMQ 3.x passes it through), so no header decides this.
-    async fn poison_check(&self, delivery: &Delivery, meta: &Metadata) -> Option<u32> {
-        // Only a redelivery can be part of a crash loop; warren's own returns to
-        // the queue are fresh copies, so they are not counted.
-        if !delivery.redelivered {
-            return None;
-        }
-        let deliveries = match self
+    /// Only those records count toward the poison limit, on every queue type: a
+    /// broker's delivery count grows for every message a dying process held, and
+    /// a producer can forge the header on a first delivery.
+    async fn run_alone(
+        &self,
+        call: Box<dyn BoundCall<S::Db>>,
+        meta: &Metadata,
+        entry: &InboxEntry<'_>,
+        attempt: u32,
+    ) -> Disposition {
+        self.telemetry.suspect_waiting(1.0);
+        let alone = self.barrier.alone().await;
+        self.telemetry.suspect_waiting(-1.0);
+        let runs = match self
             .store
-            .record_redelivery(&self.config.name, &meta.message_id)
+            .record_solo_run(&self.config.name, &meta.message_id)
             .await
         {
-            Ok(n) => n,
+            Ok(runs) => runs,
+            // Unrecorded, a run would be no evidence: the message goes back as a
+            // fresh copy and intake pauses until the database answers.
             Err(e) => {
-                // Without the count this delivery proceeds; the next one is
-                // counted again.
-                self.telemetry
-                    .bookkeeping_error("record_redelivery", &meta.message_id, &e);
-                0
+                return Disposition::Return {
+                    error: format!("cannot record the solo run: {e}"),
+                };
             }
         };
-        (deliveries >= self.config.retry.poison_limit()).then_some(deliveries)
+        let limit = self.config.retry.poison_limit();
+        if runs > limit {
+            return Disposition::dead_letter(
+                DeadLetterReason::Poison,
+                format!(
+                    "ran alone {limit} times and the process died each time without an \
+                     outcome being recorded; the handler kills the process"
+                ),
+                attempt,
+            );
+        }
+        self.telemetry.solo_run();
+        // A second or later solo run means the last one ended without an
+        // outcome: the campaign measures how often that happens to healthy
+        // messages from this line.
+        tracing::info!(
+            message_id = %meta.message_id,
+            solo_run = runs,
+            poison_limit = limit,
+            "suspect runs alone"
+        );
+        let deadline = self.config.solo_timeout;
+        let applied = tokio::time::timeout(deadline, self.apply(call, meta, entry, true)).await;
+        drop(alone);
+        match applied {
+            Ok(applied) => decide(applied, attempt, &self.config.retry),
+            // Dropping the run rolled its transaction back; the recorded run
+            // stays, so a hung handler counts like a crash.
+            Err(_) => Disposition::Requeue {
+                error: format!("ran alone for {deadline:?} without finishing; counted as a crash"),
+            },
+        }
     }
 
     /// The transaction: claim, handle, commit.
@@ -190,7 +224,7 @@ impl<S: Store> Pipeline<S> {
         call: Box<dyn BoundCall<S::Db>>,
         meta: &Metadata,
         entry: &InboxEntry<'_>,
-        forget_redeliveries: bool,
+        forget_solo_runs: bool,
     ) -> Result<Applied, Failure> {
         let mut tx = self.store.begin().await.map_err(Failure::Store)?;
         tx.set_cause(meta.clone());
@@ -201,16 +235,16 @@ impl<S: Store> Pipeline<S> {
             .claim(&mut tx, entry)
             .await
             .map_err(Failure::Store)?;
-        if forget_redeliveries {
+        if forget_solo_runs {
             self.store
-                .clear_redeliveries(Some(&mut tx), entry.consumer_name, entry.message_id)
+                .clear_solo_runs(Some(&mut tx), entry.consumer_name, entry.message_id)
                 .await
                 .map_err(Failure::Store)?;
         }
         if !claimed {
-            // Commit rather than roll back only when there is a redelivery count
+            // Commit rather than roll back only when there is a solo run
             // to forget; otherwise nothing was written.
-            if forget_redeliveries {
+            if forget_solo_runs {
                 tx.commit().await.map_err(Failure::Store)?;
             } else {
                 let _ = tx.rollback().await;
@@ -255,17 +289,17 @@ impl<S: Store> Pipeline<S> {
             .expect("the signing key is loaded before any delivery is taken")
     }
 
-    /// Drops the redelivery count of a message that moved on. A count left
-    /// behind is harmless for the message (it is not delivered again), but is
-    /// logged and counted: a store that keeps failing here needs looking at.
-    async fn forget_redeliveries(&self, message_id: &str) {
+    /// Drops the solo runs of a message that moved on. A count left behind is
+    /// harmless for the message (it is not delivered again), but is logged and
+    /// counted: a store that keeps failing here needs looking at.
+    async fn forget_solo_runs(&self, message_id: &str) {
         if let Err(e) = self
             .store
-            .clear_redeliveries(None, &self.config.name, message_id)
+            .clear_solo_runs(None, &self.config.name, message_id)
             .await
         {
             self.telemetry
-                .bookkeeping_error("clear_redeliveries", message_id, &e);
+                .bookkeeping_error("clear_solo_runs", message_id, &e);
         }
     }
 

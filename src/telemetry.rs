@@ -62,6 +62,10 @@ pub struct ConsumerStats {
     /// Acks that could not be sent because the channel was gone; the broker
     /// redelivers those and the inbox recognizes them.
     pub acks_lost: u64,
+    /// Suspects (redeliveries) that ran alone in the process.
+    pub solo_runs: u64,
+    /// Suspects waiting now for their turn to run alone.
+    pub suspects_waiting: u64,
 }
 
 #[derive(Debug)]
@@ -79,6 +83,8 @@ struct Counters {
     returned: AtomicU64,
     panics: AtomicU64,
     acks_lost: AtomicU64,
+    solo_runs: AtomicU64,
+    suspects_waiting: AtomicU64,
 }
 
 impl Default for Counters {
@@ -95,6 +101,8 @@ impl Default for Counters {
             returned: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             acks_lost: AtomicU64::new(0),
+            solo_runs: AtomicU64::new(0),
+            suspects_waiting: AtomicU64::new(0),
         }
     }
 }
@@ -173,6 +181,8 @@ impl StatsHandle {
             returned: get(&c.returned),
             panics: get(&c.panics),
             acks_lost: get(&c.acks_lost),
+            solo_runs: get(&c.solo_runs),
+            suspects_waiting: get(&c.suspects_waiting),
         }
     }
 }
@@ -393,6 +403,23 @@ impl Telemetry {
 
     pub(crate) fn panic(&self) {
         self.stats.0.panics.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A suspect starts (`1.0`) or stops (`-1.0`) waiting to run alone.
+    pub(crate) fn suspect_waiting(&self, delta: f64) {
+        let waiting = &self.stats.0.suspects_waiting;
+        if delta > 0.0 {
+            waiting.fetch_add(1, Ordering::Relaxed);
+        } else {
+            waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        metrics::gauge!("consumer_suspects_waiting", &self.labels()).increment(delta);
+    }
+
+    /// A suspect starts its solo run.
+    pub(crate) fn solo_run(&self) {
+        self.stats.0.solo_runs.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("consumer_solo_runs_total", &self.labels()).increment(1);
     }
 
     pub(crate) fn ack_lost(&self, message_id: &str) {

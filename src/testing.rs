@@ -117,6 +117,7 @@ use crate::broker::Delivery;
 use crate::broker::memory::{MemoryBroker, Published};
 use crate::config::ConsumerConfig;
 use crate::dead_letter::DeadLetterInfo;
+use crate::dispatcher::{Batch, SoloBarrier};
 use crate::failure::DeadLetterReason;
 use crate::headers::{self, HEADER_ATTEMPT, HEADER_LAST_ERROR, Signer};
 use crate::outbox_row::RowOutcome;
@@ -221,6 +222,7 @@ impl<S: OutboxStore> TestConsumer<S> {
                 store,
                 registry: registry.erase(),
                 signer: OnceLock::from(Signer::new(&key)),
+                barrier: SoloBarrier::process(),
             },
             broker: MemoryBroker::default(),
             next_tag: AtomicU64::new(1),
@@ -428,7 +430,7 @@ impl<S: OutboxStore> TestConsumer<S> {
     async fn run(&self, mut delivery: Delivery) -> Settled {
         delivery.tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let before = self.stats();
-        self.pipeline.run(&self.broker, vec![delivery]).await;
+        self.pipeline.run(&self.broker, Batch::of(delivery)).await;
         let after = self.stats();
         let published = self.broker.published();
         let mut state = self.state.lock().unwrap();

@@ -193,8 +193,11 @@ pub struct QueueLayout {
     pub queue_type: QueueType,
     /// Retry tier delays; one queue each.
     pub tiers: Vec<Duration>,
-    /// The consumer's poison limit; the broker's own delivery limit is twice it.
-    pub poison_limit: u32,
+    /// The broker's delivery limit on a quorum main queue (`x-delivery-limit`):
+    /// the far backstop for poison messages, which warren itself dead-letters
+    /// after their solo runs. A consumer sizes it from its prefetch times its
+    /// poison limit.
+    pub delivery_limit: i64,
     /// Topic exchanges the consumer's handlers publish to through the outbox.
     pub outgoing: Vec<String>,
     /// Queues that stand in for downstream consumers on local runs, each bound
@@ -243,10 +246,7 @@ impl Topology {
             // consumer dead-letters them itself at the poison limit, with a reason;
             // the broker steps in only if that keeps failing.
             QueueType::Quorum => main
-                .arg(
-                    "x-delivery-limit",
-                    ArgValue::Int(i64::from(config.poison_limit) * 2),
-                )
+                .arg("x-delivery-limit", ArgValue::Int(config.delivery_limit))
                 .dead_letter_to(&dead_letter, config.queue_type),
             QueueType::Classic => main,
         };

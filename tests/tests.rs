@@ -9,6 +9,8 @@
 mod util;
 
 #[cfg(feature = "failpoints")]
+mod blame;
+#[cfg(feature = "failpoints")]
 mod crash;
 mod failures;
 mod hostile;

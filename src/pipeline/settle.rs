@@ -95,6 +95,18 @@ impl<S: Store> Pipeline<S> {
                 self.return_to_queue(port, delivery).await;
                 Outcome::Returned
             }
+            Disposition::Requeue { error } => {
+                tracing::error!(
+                    message_id = delivery.message_id(),
+                    error,
+                    "suspect outran its solo deadline; returned to its queue"
+                );
+                if port.requeue(delivery.tag).await.is_err() {
+                    // The channel is gone; the broker requeues the delivery itself.
+                    self.telemetry.ack_lost(delivery.message_id());
+                }
+                Outcome::Returned
+            }
         }
     }
 

@@ -25,6 +25,9 @@ struct Job {
     fail_until: u32,
     permanent: bool,
     panic: bool,
+    /// Sleep this long before finishing.
+    #[serde(default)]
+    hang_ms: u64,
 }
 
 impl Job {
@@ -33,6 +36,7 @@ impl Job {
             fail_until: 0,
             permanent: false,
             panic: false,
+            hang_ms: 0,
         }
     }
 }
@@ -46,6 +50,7 @@ async fn job(msg: Message<Job>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError>
         .execute(tx.conn())
         .await?;
     let j = &msg.payload;
+    tokio::time::sleep(Duration::from_millis(j.hang_ms)).await;
     if j.panic {
         panic!("job panicked");
     }
@@ -83,6 +88,7 @@ async fn fixture() -> Fixture {
                 .with_poison_limit(2),
         )
         .with_failure_backoff(MS)
+        .with_solo_timeout(200 * MS)
         .build()
         .unwrap();
     let pipeline = Pipeline {
@@ -91,6 +97,9 @@ async fn fixture() -> Fixture {
         store,
         registry: Registry::new().route(EVENT, 1, job),
         signer: OnceLock::from(Signer::new(&key)),
+        // A barrier of its own, so that tests running side by side do not wait
+        // on each other's suspects.
+        barrier: SoloBarrier::default(),
     };
     Fixture {
         pipeline,
@@ -131,8 +140,18 @@ impl Fixture {
 
     async fn run(&self, delivery: Delivery) {
         self.pipeline
-            .run(self.broker.as_ref(), vec![delivery])
+            .run(self.broker.as_ref(), Batch::of(delivery))
             .await;
+    }
+
+    async fn solo_runs_recorded(&self, message_id: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT COALESCE(SUM(deliveries), 0) FROM warren_redeliveries WHERE message_id = ?",
+        )
+        .bind(message_id)
+        .fetch_one(self.pipeline.store.pool())
+        .await
+        .unwrap()
     }
 
     async fn effects(&self) -> i64 {
@@ -261,12 +280,12 @@ async fn a_panic_is_a_transient_failure() {
 async fn redeliveries_without_outcome_become_poison() {
     let f = fixture().await;
     let d = f.message(&Job::ok());
-    // Two redeliveries that died before any outcome: simulated by recording them
+    // Two solo runs that died before any outcome: simulated by recording them
     // the way the pipeline does, then a third arrives.
     for _ in 0..2 {
         f.pipeline
             .store
-            .record_redelivery("c", d.message_id())
+            .record_solo_run("c", d.message_id())
             .await
             .unwrap();
     }
@@ -286,15 +305,78 @@ async fn redeliveries_without_outcome_become_poison() {
 }
 
 #[tokio::test]
-async fn a_first_redelivery_is_counted_and_applied() {
+async fn a_suspect_runs_alone_is_counted_and_applied_and_its_count_forgotten() {
     let f = fixture().await;
     let d = f.message(&Job::ok());
+    let id = d.message_id().to_owned();
     f.run(Delivery {
         redelivered: true,
         ..d
     })
     .await;
-    assert_eq!(f.stats().applied, 1);
+    let s = f.stats();
+    assert_eq!((s.applied, s.solo_runs, s.suspects_waiting), (1, 1, 0));
+    assert_eq!(
+        f.solo_runs_recorded(&id).await,
+        0,
+        "cleared with the commit"
+    );
+}
+
+#[tokio::test]
+async fn a_first_delivery_is_no_suspect_and_leaves_no_record() {
+    let f = fixture().await;
+    let d = f.message(&Job::ok());
+    let id = d.message_id().to_owned();
+    f.run(d).await;
+    assert_eq!((f.stats().applied, f.stats().solo_runs), (1, 0));
+    assert_eq!(f.solo_runs_recorded(&id).await, 0);
+}
+
+#[tokio::test]
+async fn a_suspect_that_outruns_its_solo_deadline_counts_like_a_crash() {
+    let f = fixture().await;
+    let d = f.message(&Job {
+        hang_ms: 10_000,
+        ..Job::ok()
+    });
+    let (id, tag) = (d.message_id().to_owned(), d.tag);
+    let suspect = Delivery {
+        redelivered: true,
+        ..d
+    };
+    f.run(suspect.clone()).await;
+    assert_eq!(f.broker.requeued(), [tag], "the delivery itself goes back");
+    assert!(f.broker.acked().is_empty());
+    assert_eq!(f.effects().await, 0, "rolled back");
+    assert_eq!(f.solo_runs_recorded(&id).await, 1, "the run counts");
+    // Poison limit 2: one more timed-out run, then the next is dead-lettered.
+    f.run(suspect.clone()).await;
+    f.run(suspect).await;
+    assert_eq!(f.record_of("q.dead-letter").reason, "poison");
+    assert_eq!(f.effects().await, 0);
+    assert_eq!(
+        f.solo_runs_recorded(&id).await,
+        0,
+        "forgotten once it moved on"
+    );
+}
+
+#[tokio::test]
+async fn a_transient_failure_of_a_suspect_moves_on_and_forgets_its_runs() {
+    let f = fixture().await;
+    let d = f.message(&Job {
+        fail_until: 1,
+        ..Job::ok()
+    });
+    let id = d.message_id().to_owned();
+    f.run(Delivery {
+        redelivered: true,
+        ..d
+    })
+    .await;
+    assert_eq!(f.stats().retried, 1);
+    assert_eq!(f.solo_runs_recorded(&id).await, 0);
 }
 
 #[tokio::test]

@@ -22,7 +22,7 @@
 //! a refused claim; `@@in_transaction` as the pre-commit check (a deadlock rolls
 //! the transaction back under the handler); `FOR UPDATE SKIP LOCKED` to take a
 //! batch; no `LISTEN`, so no notify statement and no listener; having no
-//! `RETURNING`, a [`Statements::redelivery_count`] query after the upsert; and
+//! `RETURNING`, a [`Statements::solo_run_count`] query after the upsert; and
 //! plain `?` placeholders, which work because every statement binds its values
 //! in the order they appear.
 
@@ -67,14 +67,14 @@ pub struct Statements {
     /// touched before the cutoff.
     pub purge_redeliveries: &'static str,
     /// (consumer, message id): adds one to the redelivery count, creating it at
-    /// 1, and returns it unless [`redelivery_count`](Self::redelivery_count) is
+    /// 1, and returns it unless [`solo_run_count`](Self::solo_run_count) is
     /// set.
-    pub record_redelivery: &'static str,
+    pub record_solo_run: &'static str,
     /// (consumer, message id): reads the count back, for a dialect whose upsert
     /// cannot return it; run on the same transaction.
-    pub redelivery_count: Option<&'static str>,
+    pub solo_run_count: Option<&'static str>,
     /// (consumer, message id): forgets the redelivery count.
-    pub clear_redeliveries: &'static str,
+    pub clear_solo_runs: &'static str,
     /// (message id, exchange, routing key, properties, body): one outbox row.
     pub insert_outbox: &'static str,
     /// Run after each outbox insert, in the same transaction, to wake relays in
@@ -184,8 +184,8 @@ impl Statements {
             ("claim", self.claim, 5),
             ("purge_inbox", self.purge_inbox, 3),
             ("purge_redeliveries", self.purge_redeliveries, 3),
-            ("record_redelivery", self.record_redelivery, 2),
-            ("clear_redeliveries", self.clear_redeliveries, 2),
+            ("record_solo_run", self.record_solo_run, 2),
+            ("clear_solo_runs", self.clear_solo_runs, 2),
             ("insert_outbox", self.insert_outbox, 5),
             ("mark_published", self.mark_published, 1),
             ("mark_failed", self.mark_failed, 2),
@@ -201,7 +201,7 @@ impl Statements {
         let optional = [
             ("lock_migrations", self.lock_migrations, 0),
             ("unlock_migrations", self.unlock_migrations, 0),
-            ("redelivery_count", self.redelivery_count, 2),
+            ("solo_run_count", self.solo_run_count, 2),
             ("notify_outbox", self.notify_outbox, 0),
         ];
         for (name, sql, arity) in optional {

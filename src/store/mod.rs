@@ -149,19 +149,22 @@ pub trait Store: Clone + Send + Sync + 'static {
         batch: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
 
-    /// Counts one more redelivery of `message_id` to `consumer`, in its own
-    /// committed statement (it must survive the process dying right after), and
-    /// returns the count. Used to find poison messages on queues that keep no
-    /// delivery count of their own.
-    fn record_redelivery<'a>(
+    /// Records that `message_id`, a suspect (a redelivery), is about to run alone
+    /// in `consumer`'s process, in its own committed statement (it must survive
+    /// the process dying right after), and returns how many solo runs it has
+    /// started without reaching an outcome, this one included. Only these count
+    /// toward the poison limit: a crash during a solo run is evidence against the
+    /// message that ran; a crash while it waited in line is not.
+    fn record_solo_run<'a>(
         &'a self,
         consumer: &'a str,
         message_id: &'a str,
     ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a;
 
-    /// Forgets the redelivery count of `message_id`: inside `tx` when the message
-    /// reached an outcome, or on its own (`tx` = `None`) when it was dead-lettered.
-    fn clear_redeliveries<'a>(
+    /// Forgets the solo runs of `message_id`: inside `tx` when the message
+    /// reached an outcome, or on its own (`tx` = `None`) when it moved on (a retry
+    /// tier, the dead-letter queue, back to its queue as a fresh copy).
+    fn clear_solo_runs<'a>(
         &'a self,
         tx: Option<&'a mut Tx<Self::Db>>,
         consumer: &'a str,

@@ -128,14 +128,14 @@ impl SqlDialect for Postgres {
         purge_redeliveries: "DELETE FROM warren_redeliveries WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_redeliveries
                 WHERE consumer_name = $1 AND last_delivered_at < $2 LIMIT $3)",
-        record_redelivery: "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
+        record_solo_run: "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
              VALUES ($1, $2, 1)
              ON CONFLICT (consumer_name, message_id)
              DO UPDATE SET deliveries = warren_redeliveries.deliveries + 1,
                            last_delivered_at = now()
              RETURNING deliveries",
-        redelivery_count: None,
-        clear_redeliveries: "DELETE FROM warren_redeliveries WHERE consumer_name = $1 AND message_id = $2",
+        solo_run_count: None,
+        clear_solo_runs: "DELETE FROM warren_redeliveries WHERE consumer_name = $1 AND message_id = $2",
         insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
              VALUES ($1, $2, $3, $4, $5)",
         // Delivered only if and when the transaction commits.

@@ -193,14 +193,14 @@ shared_impl! {
             Ok(deleted[0])
         }
 
-        async fn record_redelivery<'a>(
+        async fn record_solo_run<'a>(
             &'a self,
             consumer: &'a str,
             message_id: &'a str,
         ) -> Result<u32, StoreError> {
-            let count: i64 = match D::SQL.redelivery_count {
+            let count: i64 = match D::SQL.solo_run_count {
                 None => {
-                    sqlx::query_scalar(D::SQL.record_redelivery)
+                    sqlx::query_scalar(D::SQL.record_solo_run)
                         .bind(consumer)
                         .bind(message_id)
                         .fetch_one(&self.pool)
@@ -208,7 +208,7 @@ shared_impl! {
                 }
                 Some(read_back) => {
                     let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-                    sqlx::query(D::SQL.record_redelivery)
+                    sqlx::query(D::SQL.record_solo_run)
                         .bind(consumer)
                         .bind(message_id)
                         .execute(&mut *tx)
@@ -225,13 +225,13 @@ shared_impl! {
             Ok(u32::try_from(count).unwrap_or(u32::MAX))
         }
 
-        async fn clear_redeliveries<'a>(
+        async fn clear_solo_runs<'a>(
             &'a self,
             tx: Option<&'a mut super::Tx<D>>,
             consumer: &'a str,
             message_id: &'a str,
         ) -> Result<(), StoreError> {
-            let query = sqlx::query(D::SQL.clear_redeliveries)
+            let query = sqlx::query(D::SQL.clear_solo_runs)
                 .bind(consumer)
                 .bind(message_id);
             match tx {
@@ -417,10 +417,10 @@ mod tests {
             assert_eq!(store.claim(&mut tx, &entry).await.unwrap(), expected);
             tx.commit().await.unwrap();
         }
-        assert_eq!(store.record_redelivery("c", "m-1").await.unwrap(), 1);
-        assert_eq!(store.record_redelivery("c", "m-1").await.unwrap(), 2);
-        store.clear_redeliveries(None, "c", "m-1").await.unwrap();
-        assert_eq!(store.record_redelivery("c", "m-1").await.unwrap(), 1);
+        assert_eq!(store.record_solo_run("c", "m-1").await.unwrap(), 1);
+        assert_eq!(store.record_solo_run("c", "m-1").await.unwrap(), 2);
+        store.clear_solo_runs(None, "c", "m-1").await.unwrap();
+        assert_eq!(store.record_solo_run("c", "m-1").await.unwrap(), 1);
         let later = Utc::now() + chrono::Duration::seconds(1);
         assert_eq!(store.purge_inbox("c", later, 10).await.unwrap(), 1);
         assert_eq!(

@@ -116,6 +116,11 @@ impl TestBroker {
             .unwrap();
     }
 
+    /// Publishes straight to `queue`, through the default exchange.
+    pub async fn publish_to(&self, queue: &str, message: &Outgoing) {
+        self.publisher.publish("", queue, message).await.unwrap();
+    }
+
     pub async fn publish_raw(&self, body: &[u8], properties: BasicProperties) {
         self.publisher
             .publish_raw(&self.exchange, "test.job", body, properties)

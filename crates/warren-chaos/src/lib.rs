@@ -89,6 +89,11 @@ pub struct FaultMix {
     pub crash_probability: f64,
     /// How long the broker stays stopped.
     pub broker_down_for: Duration,
+    /// Every process started during the fault phase has its crash points
+    /// armed (else only after an arm-crash-points fault, and half the revived
+    /// ones), so that crashes land at any moment, several within one prefetch
+    /// window.
+    pub armed_throughout: bool,
 }
 
 impl Default for FaultMix {
@@ -98,6 +103,7 @@ impl Default for FaultMix {
             mean_interval: Duration::from_millis(1500),
             crash_probability: 0.01,
             broker_down_for: Duration::from_secs(2),
+            armed_throughout: true,
         }
     }
 }
@@ -111,6 +117,12 @@ impl FaultMix {
             .collect::<Vec<_>>()
             .join(";")
     }
+
+    /// The crash points a process started during the fault phase gets, unless
+    /// the fault is to arm them.
+    pub fn start_armed(&self) -> Option<String> {
+        self.armed_throughout.then(|| self.failpoints())
+    }
 }
 
 /// Per-message outcomes read from the fleet's logs.
@@ -120,6 +132,13 @@ pub struct LogTally {
     pub results: BTreeMap<String, u64>,
     /// Deliveries the broker marked redelivered.
     pub redelivered: u64,
+    /// Suspects that started a solo run.
+    pub solo_runs: u64,
+    /// Solo runs of a message whose previous solo run ended without an outcome
+    /// (the process died, or the run outlasted its deadline): evidence a
+    /// healthy message can collect against itself when unrelated deaths fall
+    /// inside its solo runs.
+    pub solo_runs_after_a_death: u64,
 }
 
 impl LogTally {
@@ -128,6 +147,13 @@ impl LogTally {
             return;
         };
         let fields = &v["fields"];
+        if fields["message"] == "suspect runs alone" {
+            self.solo_runs += 1;
+            if fields["solo_run"].as_u64().is_some_and(|n| n >= 2) {
+                self.solo_runs_after_a_death += 1;
+            }
+            return;
+        }
         if fields["message"] != "message processed" {
             return;
         }
@@ -493,9 +519,13 @@ impl Campaign {
         tokio::time::sleep(step.pause).await;
         let armed = self.mix.failpoints();
         let crashed_before = fleet.crashes();
-        fleet
-            .revive(step.arm_revived.then_some(armed.as_str()))
-            .await?;
+        let on_start = self.mix.start_armed();
+        let revived = if step.arm_revived {
+            Some(armed.clone())
+        } else {
+            on_start.clone()
+        };
+        fleet.revive(revived.as_deref()).await?;
         let fired = fleet.crashes() - crashed_before;
         if fired > 0 {
             *self.counts.entry(FaultKind::CrashPointFired).or_default() += fired;
@@ -504,11 +534,11 @@ impl Campaign {
         match step.kind {
             FaultKind::Kill => {
                 fleet.kill(member).await?;
-                fleet.start(member, None).await?;
+                fleet.start(member, on_start.as_deref()).await?;
             }
             FaultKind::Terminate => {
                 fleet.terminate(member).await?;
-                fleet.start(member, None).await?;
+                fleet.start(member, on_start.as_deref()).await?;
             }
             FaultKind::ArmCrashPoints => {
                 fleet.terminate(member).await?;
@@ -603,6 +633,14 @@ impl fmt::Display for Report {
         for (result, n) in &self.tally.results {
             writeln!(f, "  {result:<28} {n}")?;
         }
+        writeln!(f, "  {:<28} {}", "solo runs", self.tally.solo_runs)?;
+        writeln!(
+            f,
+            "  {:<28} {} ({:.2}% of solo runs)",
+            "solo runs after a death",
+            self.tally.solo_runs_after_a_death,
+            100.0 * self.tally.solo_runs_after_a_death as f64 / self.tally.solo_runs.max(1) as f64
+        )?;
         writeln!(f, "duration {:.1} s", self.duration.as_secs_f64())?;
         writeln!(f, "invariants")?;
         for c in &self.checks {

@@ -143,7 +143,7 @@ pub async fn run<B: BillingDb>(
         cmd
     })
     .with_ready_line("\"consuming\"");
-    fleet.start_all(None).await?;
+    fleet.start_all(spec.mix.start_armed().as_deref()).await?;
 
     let plan = Arc::new(stream::plan(&StreamSpec {
         count: spec.count,
@@ -293,6 +293,16 @@ pub async fn run<B: BillingDb>(
             format!(
                 "dead letters {dead:?} (expected {:?}); poison invoices recorded {}",
                 e.poison, audit.poison_invoices
+            ),
+        ),
+        Check::new(
+            "no valid message dead-lettered as poison",
+            dead.get("poison").copied().unwrap_or(0) == 0,
+            format!(
+                "{} dead-lettered as poison; {} solo runs, {} of them after a death in an earlier solo run",
+                dead.get("poison").copied().unwrap_or(0),
+                fleet.tally().solo_runs,
+                fleet.tally().solo_runs_after_a_death
             ),
         ),
         Check::new(

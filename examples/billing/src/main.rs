@@ -142,8 +142,10 @@ enum Command {
         /// Mean pause between faults.
         #[arg(long, default_value = "1500ms", value_parser = warren::retry::parse_delay)]
         fault_interval: Duration,
-        /// Probability of each crash point when armed.
-        #[arg(long, default_value_t = 0.01)]
+        /// Probability of each crash point; every process started during the
+        /// fault phase has them armed, so that several crashes fall within one
+        /// prefetch window.
+        #[arg(long, default_value_t = 0.03)]
         crash_probability: f64,
         /// Never stop and start the broker application.
         #[arg(long)]

@@ -1,0 +1,367 @@
+//! Poison blame: a crash is blamed only on a message that provably ran alone.
+//!
+//! Consumer processes (this test binary re-run, as in `crash`) die at crash
+//! points or on a message that aborts whoever handles it, and are restarted after
+//! every death. Whatever came back redelivered runs alone; only deaths during
+//! those solo runs count toward the poison limit. Counted at the end: every
+//! valid message applied exactly once, and nothing but the real poison message
+//! in the dead-letter queue.
+
+use std::future::Future;
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use tokio::process::Child;
+
+use warren::{DeadLetterInfo, Outgoing, QueueType};
+
+use crate::crash::{ChildOptions, ChildProcess, spawn_with};
+use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, TestDb, unique};
+
+const SIGABRT: i32 = 6;
+
+on_both_backends!(
+    one_poison_message_among_a_thousand_is_the_only_dead_letter_on_quorum,
+    one_poison_message_among_a_thousand_is_the_only_dead_letter_on_classic,
+    crashes_around_healthy_messages_condemn_none_on_quorum,
+    crashes_around_healthy_messages_condemn_none_on_classic,
+    poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dead_letter,
+);
+
+/// Prefetch and concurrency of the consumer processes, as in production.
+fn options() -> ChildOptions {
+    ChildOptions {
+        prefetch: Some(32),
+        concurrency: Some(8),
+        ..ChildOptions::default()
+    }
+}
+
+/// What a run of restarted processes went through.
+#[derive(Debug, Default)]
+struct Deaths {
+    aborts: u32,
+    sigterms: u32,
+}
+
+/// Runs consumer processes one after another, starting a new one after each
+/// death, until `done` holds; then stops the last one with SIGTERM. Every few
+/// seconds `sigterm_every` (if set) stops the running process with SIGTERM
+/// instead, to mix deaths that are not the messages' fault into the run.
+async fn run_until_done<B: Backend, F, Fut>(
+    db: &TestDb<B>,
+    broker: &TestBroker,
+    queue_type: QueueType,
+    failpoints: Option<&str>,
+    options: ChildOptions,
+    sigterm_every: Option<Duration>,
+    done: F,
+) -> Deaths
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut deaths = Deaths::default();
+    loop {
+        let ChildProcess {
+            mut child,
+            mut lines,
+        } = spawn_with::<B>(
+            &db.url,
+            broker,
+            failpoints,
+            queue_type,
+            "consumer",
+            options.clone(),
+        );
+        // Read the child's output as it comes, so that its logging never blocks
+        // on a full pipe.
+        let logs = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let started = Instant::now();
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "not done within 300 s after {deaths:?}"
+            );
+            if let Some(ended) = ended_within(&mut child, Duration::from_millis(200)).await {
+                match ended {
+                    Some(SIGABRT) => deaths.aborts += 1,
+                    None => deaths.sigterms += 1,
+                    Some(other) => panic!("the child died of signal {other}"),
+                }
+                break;
+            }
+            if done().await {
+                sigterm(&child);
+                let ended = ended_within(&mut child, Duration::from_secs(60)).await;
+                assert_eq!(ended, Some(None), "a clean exit on SIGTERM");
+                logs.abort();
+                return deaths;
+            }
+            if sigterm_every.is_some_and(|every| started.elapsed() >= every) {
+                sigterm(&child);
+                let ended = ended_within(&mut child, Duration::from_secs(60)).await;
+                match ended {
+                    Some(Some(SIGABRT)) => deaths.aborts += 1,
+                    Some(_) => deaths.sigterms += 1,
+                    None => panic!("the child should stop on SIGTERM"),
+                }
+                break;
+            }
+        }
+        logs.abort();
+    }
+}
+
+/// Waits for the child to end, for at most `timeout`: `Some(signal)` (`None`
+/// inside for a clean exit), or `None` if it is still running.
+async fn ended_within(child: &mut Child, timeout: Duration) -> Option<Option<i32>> {
+    let status = tokio::time::timeout(timeout, child.wait()).await.ok()?;
+    let status = status.unwrap();
+    Some(if status.success() {
+        None
+    } else {
+        Some(status.signal().unwrap_or(-1))
+    })
+}
+
+fn sigterm(child: &Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+}
+
+/// Publishes `n` valid messages straight to `queue` (each writing an outbox
+/// event if `emit`) and returns their ids.
+async fn publish(broker: &TestBroker, queue: &str, n: usize, emit: bool) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let job = if emit {
+            Job::ok().emitting(1, &broker.exchange)
+        } else {
+            Job::ok()
+        };
+        let m = TestBroker::message(&job);
+        ids.push(m.meta().message_id.clone());
+        broker.publish_to(queue, &m).await;
+    }
+    ids
+}
+
+async fn poison(broker: &TestBroker, queue: &str) -> String {
+    let killer: Outgoing = TestBroker::message(&Job::with(Mode::Abort));
+    broker.publish_to(queue, &killer).await;
+    killer.meta().message_id.clone()
+}
+
+/// Every valid message applied exactly once; the dead-letter queue holds exactly
+/// `poison` (or nothing), filed as `poison`.
+async fn assert_blame<B: Backend>(
+    db: &TestDb<B>,
+    broker: &TestBroker,
+    dead_letter_queue: &str,
+    valid: usize,
+    poison: Option<&str>,
+) {
+    assert_eq!(
+        db.distinct_effects().await,
+        valid as i64,
+        "every valid message applied"
+    );
+    assert_eq!(db.effects().await, valid as i64, "none applied twice");
+    let dead = broker.drain(dead_letter_queue).await;
+    let ids: Vec<String> = dead
+        .iter()
+        .map(|d| {
+            d.properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    match poison {
+        Some(id) => {
+            assert_eq!(ids, [id], "only the poison message is dead-lettered");
+            let info = DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+            assert_eq!(info.reason, "poison");
+        }
+        None => assert!(ids.is_empty(), "healthy messages dead-lettered: {ids:?}"),
+    }
+}
+
+async fn one_poison_message_among_a_thousand_is_the_only_dead_letter_on_quorum<B: Backend>() {
+    one_poison_message_among_a_thousand::<B>(QueueType::Quorum).await;
+}
+
+async fn one_poison_message_among_a_thousand_is_the_only_dead_letter_on_classic<B: Backend>() {
+    one_poison_message_among_a_thousand::<B>(QueueType::Classic).await;
+}
+
+/// 1000 valid messages and one that aborts the process every time it runs,
+/// prefetch 32, concurrency 8. Its neighbours come back with it after every
+/// death, but only it ever dies alone: it alone is dead-lettered, after the
+/// poison limit of solo runs.
+async fn one_poison_message_among_a_thousand<B: Backend>(queue_type: QueueType) {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_queue_type(queue_type)
+        .with_prefetch(32)
+        .with_concurrency(8)
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let mut valid = publish(&broker, &broker.queue, 500, false).await;
+    let killer = poison(&broker, &broker.queue).await;
+    valid.extend(publish(&broker, &broker.queue, 500, false).await);
+
+    let dlq = broker.dead_letter_queue();
+    let deaths = run_until_done(&db, &broker, queue_type, None, options(), None, || async {
+        db.distinct_effects().await == valid.len() as i64 && broker.ready(&dlq).await == 1
+    })
+    .await;
+    // Once with its neighbours, then once per solo run up to the limit.
+    assert_eq!(
+        deaths.aborts,
+        TEST_POISON_LIMIT + 1,
+        "died with neighbours once, then alone up to the limit"
+    );
+    assert_blame(&db, &broker, &dlq, valid.len(), Some(&killer)).await;
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+async fn crashes_around_healthy_messages_condemn_none_on_quorum<B: Backend>() {
+    crashes_around_healthy_messages::<B>(QueueType::Quorum).await;
+}
+
+async fn crashes_around_healthy_messages_condemn_none_on_classic<B: Backend>() {
+    crashes_around_healthy_messages::<B>(QueueType::Classic).await;
+}
+
+/// The three crash points armed at 1% each over 2000 valid messages (each
+/// writing an outbox event, so that the relay's crash point fires too),
+/// restarting after every death: many deaths fall within one prefetch window,
+/// and no healthy message is dead-lettered.
+async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_queue_type(queue_type)
+        .with_prefetch(32)
+        .with_concurrency(8)
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let capture = broker.capture().await;
+    let valid = publish(&broker, &broker.queue, 2000, true).await;
+
+    let dlq = broker.dead_letter_queue();
+    let failpoints = "before-commit=0.01;after-commit-before-ack=0.01;\
+                      relay-after-publish-before-mark=0.01";
+    let opts = ChildOptions {
+        relay: true,
+        ..options()
+    };
+    let store = &db.store;
+    let deaths = run_until_done(
+        &db,
+        &broker,
+        queue_type,
+        Some(failpoints),
+        opts,
+        None,
+        || async {
+            use warren::store::OutboxStore;
+            db.distinct_effects().await == valid.len() as i64
+                && store.outbox_counts().await.is_ok_and(|c| c.pending == 0)
+        },
+    )
+    .await;
+    assert!(deaths.aborts >= 5, "the crash points fired: {deaths:?}");
+    assert_blame(&db, &broker, &dlq, valid.len(), None).await;
+    assert!(
+        broker.ready(&capture).await >= valid.len() as u32,
+        "every outbox event published at least once"
+    );
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The poison test again with deaths that are nobody's fault mixed in: the
+/// relay's crash point armed, a SIGTERM every few seconds, and a second
+/// consumer with its own stream in the same process. Still only the poison
+/// message is dead-lettered.
+async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dead_letter<
+    B: Backend,
+>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_prefetch(32)
+        .with_concurrency(8)
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let capture = broker.capture().await;
+    let neighbour = unique("wt_neighbour");
+    // On the test exchange, as the child declares it.
+    let neighbour_config =
+        crate::util::test_config(&neighbour, &format!("{neighbour}.jobs"), &broker.exchange)
+            .with_prefetch(32)
+            .with_concurrency(8)
+            .build()
+            .unwrap();
+    for q in warren::Topology::for_consumer(&neighbour_config).queue_names() {
+        broker.track_queue(q);
+    }
+    broker.declare_config(&neighbour_config).await;
+
+    let mut valid = publish(&broker, &broker.queue, 300, true).await;
+    let killer = poison(&broker, &broker.queue).await;
+    valid.extend(publish(&broker, &broker.queue, 300, true).await);
+    valid.extend(publish(&broker, neighbour_config.queue(), 600, false).await);
+
+    let dlq = broker.dead_letter_queue();
+    let neighbour_dlq = warren::topology::dead_letter_queue_name(neighbour_config.queue());
+    let opts = ChildOptions {
+        relay: true,
+        neighbour: Some(neighbour.clone()),
+        ..options()
+    };
+    let deaths = run_until_done(
+        &db,
+        &broker,
+        QueueType::Quorum,
+        Some("relay-after-publish-before-mark=0.02"),
+        opts,
+        Some(Duration::from_secs(3)),
+        || async {
+            db.distinct_effects().await == valid.len() as i64 && broker.ready(&dlq).await == 1
+        },
+    )
+    .await;
+    assert!(
+        deaths.aborts > TEST_POISON_LIMIT,
+        "the poison message died alone up to the limit: {deaths:?}"
+    );
+    assert_blame(&db, &broker, &dlq, valid.len(), Some(&killer)).await;
+    assert_eq!(
+        broker.ready(&neighbour_dlq).await,
+        0,
+        "the neighbour lost nothing"
+    );
+    let _ = capture;
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
