@@ -18,8 +18,8 @@ pub const DEFAULT_TIERS: [Duration; 5] = [
     Duration::from_secs(1800),
 ];
 
-/// Default number of deliveries without any recorded outcome after which a message
-/// is treated as poison (it keeps killing the process).
+/// Default number of solo runs without any recorded outcome (the process died
+/// while the message ran alone) after which a message is treated as poison.
 pub const DEFAULT_POISON_LIMIT: u32 = 5;
 
 /// What to do with a message whose attempt failed transiently.
@@ -91,7 +91,8 @@ impl RetryPolicy {
         self
     }
 
-    /// Sets how many deliveries without a recorded outcome make a message poison.
+    /// Sets how many solo runs that ended without an outcome (the process died
+    /// while the message ran alone) make a message poison.
     pub fn with_poison_limit(mut self, limit: u32) -> Self {
         self.poison_limit = limit;
         self
@@ -107,7 +108,7 @@ impl RetryPolicy {
         self.max_attempts
     }
 
-    /// Deliveries without an outcome after which a message is poison.
+    /// Solo runs without an outcome after which a message is poison.
     pub fn poison_limit(&self) -> u32 {
         self.poison_limit
     }

@@ -209,7 +209,7 @@ pub const TEST_TIERS: [Duration; 3] = [
     Duration::from_millis(400),
 ];
 
-/// Deliveries without an outcome before a message is poison, in tests.
+/// Deaths while a message ran alone before it is poison, in tests.
 pub const TEST_POISON_LIMIT: u32 = 3;
 
 /// A consumer configuration with short delays, so tests are quick.

@@ -181,7 +181,7 @@ struct ConsumerArgs {
     /// Total attempts, the first included [default: one per tier, plus one].
     #[arg(long)]
     max_attempts: Option<u32>,
-    /// Deliveries without an outcome before a message is poison.
+    /// Deaths while a message ran alone before it is poison.
     #[arg(long, default_value_t = DEFAULT_POISON_LIMIT)]
     poison_limit: u32,
 }
