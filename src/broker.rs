@@ -9,6 +9,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
+pub(crate) mod browse;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod memory;
 mod port;
@@ -440,8 +441,18 @@ pub(crate) async fn declare_on(
 /// Closes `connection` if it is still open, never waiting longer than
 /// [`CALL_TIMEOUT`].
 pub(crate) async fn close_connection(connection: &Connection, reason: &str) {
+    close_connection_within(connection, reason, CALL_TIMEOUT).await;
+}
+
+/// Closes `connection` if it is still open, waiting at most `limit`: a broker
+/// going down may never answer the close.
+pub(crate) async fn close_connection_within(
+    connection: &Connection,
+    reason: &str,
+    limit: Duration,
+) {
     if connection.status().connected() {
-        let _ = tokio::time::timeout(CALL_TIMEOUT, connection.close(200, reason.into())).await;
+        let _ = tokio::time::timeout(limit, connection.close(200, reason.into())).await;
     }
 }
 

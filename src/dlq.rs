@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{BasicProperties, Connection};
 
 use crate::amqp::time;
+use crate::broker::browse::{self, Browse};
 use crate::broker::{BrokerError, Publisher};
 use crate::dead_letter::DeadLetterInfo;
 use crate::headers::{
@@ -147,16 +147,8 @@ impl DeadLetterQueue {
     /// copies that arrive meanwhile (a replayed message that failed again and
     /// was dead-lettered anew) wait for the next pass instead of being replayed
     /// in a loop.
-    async fn open(&self) -> Result<Walk, BrokerError> {
-        let present = crate::broker::inspect_queue(&self.connection, &self.dead_letter)
-            .await?
-            .ready;
-        Ok(Walk {
-            channel: crate::broker::deadline("opening a channel", self.connection.create_channel())
-                .await?,
-            queue: self.dead_letter.clone(),
-            remaining: std::sync::atomic::AtomicU32::new(present),
-        })
+    async fn open(&self) -> Result<Browse<'_>, BrokerError> {
+        Browse::open(&self.connection, &self.dead_letter).await
     }
 
     /// Lists up to `limit` dead letters, oldest first. Changes nothing.
@@ -234,8 +226,7 @@ impl DeadLetterQueue {
                         .publish_raw("", &self.queue, &d.data, replay_properties(&d.properties))
                         .await?;
                     // Only now, with the copy confirmed, does the dead letter go.
-                    crate::broker::deadline("basic.ack", d.acker.ack(BasicAckOptions::default()))
-                        .await?;
+                    walk.ack(&d).await?;
                 }
                 report.replayed.push(Replayed {
                     reason: letter.reason().to_owned(),
@@ -251,18 +242,7 @@ impl DeadLetterQueue {
 
     /// Removes every dead letter; returns how many there were.
     pub async fn purge_all(&self) -> Result<u32, BrokerError> {
-        let channel =
-            crate::broker::deadline("opening a channel", self.connection.create_channel()).await?;
-        let n = crate::broker::deadline(
-            "queue.purge",
-            channel.queue_purge(
-                crate::broker::short("queue name", &self.dead_letter)?,
-                QueuePurgeOptions::default(),
-            ),
-        )
-        .await;
-        close(&channel).await;
-        n
+        browse::purge(&self.connection, &self.dead_letter).await
     }
 
     /// Removes the dead letters with the given message ids; returns those removed.
@@ -273,8 +253,7 @@ impl DeadLetterQueue {
             while let Some(d) = walk.next().await? {
                 let letter = DeadLetter::from_delivery(&d);
                 if ids.contains(&letter.message_id) {
-                    crate::broker::deadline("basic.ack", d.acker.ack(BasicAckOptions::default()))
-                        .await?;
+                    walk.ack(&d).await?;
                     removed.push(letter);
                 }
             }
@@ -284,41 +263,6 @@ impl DeadLetterQueue {
         walk.close().await;
         result.map(|()| removed)
     }
-}
-
-/// A pass over a queue with `basic.get`, holding what it takes until closed.
-struct Walk {
-    channel: Channel,
-    queue: String,
-    remaining: std::sync::atomic::AtomicU32,
-}
-
-impl Walk {
-    async fn next(&self) -> Result<Option<Delivery>, BrokerError> {
-        use std::sync::atomic::Ordering;
-        if self
-            .remaining
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_err()
-        {
-            return Ok(None);
-        }
-        Ok(crate::broker::deadline(
-            "basic.get",
-            self.channel
-                .basic_get(self.queue.as_str().into(), BasicGetOptions::default()),
-        )
-        .await?
-        .map(|got| got.delivery))
-    }
-
-    async fn close(self) {
-        close(&self.channel).await;
-    }
-}
-
-async fn close(channel: &Channel) {
-    crate::broker::close_channel(channel, "done").await;
 }
 
 /// The headers of warren's failure record; a replayed copy starts without them

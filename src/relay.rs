@@ -27,6 +27,8 @@ use crate::store::{OutboxStore, StoreError};
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How often the backlog gauges are refreshed.
 const BACKLOG_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+/// How long closing the relay's connection may take.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// How long a stopping relay keeps publishing what is already committed.
 const FINAL_PASS: Duration = Duration::from_secs(5);
 
@@ -201,12 +203,7 @@ impl<S: OutboxStore> Relay<S> {
             if trouble {
                 // Rows stay pending; start over on a fresh connection after a pause.
                 if let Some((c, _)) = publisher.take() {
-                    // A broker going down may never answer the close.
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(5),
-                        c.close(200, "reconnecting".into()),
-                    )
-                    .await;
+                    broker::close_connection_within(&c, "reconnecting", CLOSE_WAIT).await;
                 }
                 if !pause(&mut shutdown, &mut stopping, backoff.next_delay()).await {
                     break;
@@ -242,9 +239,7 @@ impl<S: OutboxStore> Relay<S> {
             }
         }
         if let Some((c, _)) = publisher {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), c.close(200, "relay stopped".into()))
-                    .await;
+            broker::close_connection_within(&c, "relay stopped", CLOSE_WAIT).await;
         }
         tracing::info!(relay = %self.config.name, "relay stopped");
         Ok(())
