@@ -47,16 +47,17 @@ struct Deaths {
 }
 
 /// Runs consumer processes one after another, starting a new one after each
-/// death, until `done` holds; then stops the last one with SIGTERM. Every few
-/// seconds `sigterm_every` (if set) stops the running process with SIGTERM
-/// instead, to mix deaths that are not the messages' fault into the run.
+/// death, until `done` holds; then stops the last one with SIGTERM. Up to
+/// `sigterms` times, a process is stopped with SIGTERM as soon as it logs that a
+/// suspect runs alone, to mix deaths that are not the messages' fault into the
+/// solo runs.
 async fn run_until_done<B: Backend, F, Fut>(
     db: &TestDb<B>,
     broker: &TestBroker,
     queue_type: QueueType,
     failpoints: Option<&str>,
     options: ChildOptions,
-    sigterm_every: Option<Duration>,
+    mut sigterms: u32,
     done: F,
 ) -> Deaths
 where
@@ -78,9 +79,15 @@ where
             options.clone(),
         );
         // Read the child's output as it comes, so that its logging never blocks
-        // on a full pipe.
-        let logs = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let started = Instant::now();
+        // on a full pipe, and tell when a suspect starts running alone.
+        let (solo_tx, mut solo) = tokio::sync::mpsc::unbounded_channel();
+        let logs = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("suspect runs alone") {
+                    let _ = solo_tx.send(());
+                }
+            }
+        });
         loop {
             assert!(
                 Instant::now() < deadline,
@@ -101,7 +108,8 @@ where
                 logs.abort();
                 return deaths;
             }
-            if sigterm_every.is_some_and(|every| started.elapsed() >= every) {
+            if sigterms > 0 && solo.try_recv().is_ok() {
+                sigterms -= 1;
                 sigterm(&child);
                 let ended = ended_within(&mut child, Duration::from_secs(60)).await;
                 match ended {
@@ -224,7 +232,7 @@ async fn one_poison_message_among_a_thousand<B: Backend>(queue_type: QueueType) 
     valid.extend(publish(&broker, &broker.queue, 500, false).await);
 
     let dlq = broker.dead_letter_queue();
-    let deaths = run_until_done(&db, &broker, queue_type, None, options(), None, || async {
+    let deaths = run_until_done(&db, &broker, queue_type, None, options(), 0, || async {
         let dead = broker.ready(&dlq).await;
         dead > 1 || (dead == 1 && db.distinct_effects().await == valid.len() as i64)
     })
@@ -281,7 +289,7 @@ async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
         queue_type,
         Some(failpoints),
         opts,
-        None,
+        0,
         || async {
             use warren::store::OutboxStore;
             // Anything dead-lettered fails the test below; no need to wait.
@@ -303,8 +311,9 @@ async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
 }
 
 /// The poison test again with deaths that are nobody's fault mixed in: the
-/// relay's crash point armed, a SIGTERM every few seconds, and a second
-/// consumer with its own stream in the same process. Still only the poison
+/// relay's crash point armed, SIGTERMs sent while suspects run alone, and a
+/// second consumer with its own stream in the same process (the barrier is the
+/// process's). Still only the poison
 /// message is dead-lettered.
 async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dead_letter<
     B: Backend,
@@ -350,7 +359,7 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
         QueueType::Quorum,
         Some("relay-after-publish-before-mark=0.02"),
         opts,
-        Some(Duration::from_secs(3)),
+        5,
         || async {
             let dead = broker.ready(&dlq).await;
             dead > 1 || (dead == 1 && db.distinct_effects().await == valid.len() as i64)
@@ -361,6 +370,10 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
     assert!(
         deaths.aborts > TEST_POISON_LIMIT,
         "the poison message died alone up to the limit: {deaths:?}"
+    );
+    assert!(
+        deaths.sigterms > 0,
+        "SIGTERMs landed in solo runs: {deaths:?}"
     );
     assert_eq!(
         broker.ready(&neighbour_dlq).await,
