@@ -144,6 +144,30 @@ fn sigterm(child: &Child) {
     }
 }
 
+/// Declares the test consumer's topology with the processes' settings.
+async fn declare(broker: &TestBroker, queue_type: QueueType) {
+    let config = broker
+        .builder()
+        .with_queue_type(queue_type)
+        .with_prefetch(32)
+        .with_concurrency(8)
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+}
+
+/// Done with a poison run: every valid message applied and one dead letter, or
+/// more than one dead letter (a failure the checks then name).
+async fn poison_settled<B: Backend>(
+    db: &TestDb<B>,
+    broker: &TestBroker,
+    dlq: &str,
+    valid: usize,
+) -> bool {
+    let dead = broker.ready(dlq).await;
+    dead > 1 || (dead == 1 && db.distinct_effects().await == valid as i64)
+}
+
 /// Publishes `n` valid messages straight to `queue` (each writing an outbox
 /// event if `emit`) and returns their ids. Each takes a few milliseconds, so
 /// that a process dying on one message takes others down mid-handler.
@@ -219,22 +243,14 @@ async fn one_poison_message_among_a_thousand_is_the_only_dead_letter_on_classic<
 async fn one_poison_message_among_a_thousand<B: Backend>(queue_type: QueueType) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let config = broker
-        .builder()
-        .with_queue_type(queue_type)
-        .with_prefetch(32)
-        .with_concurrency(8)
-        .build()
-        .unwrap();
-    broker.declare_config(&config).await;
+    declare(&broker, queue_type).await;
     let mut valid = publish(&broker, &broker.queue, 500, false).await;
     let killer = poison(&broker, &broker.queue).await;
     valid.extend(publish(&broker, &broker.queue, 500, false).await);
 
     let dlq = broker.dead_letter_queue();
-    let deaths = run_until_done(&db, &broker, queue_type, None, options(), 0, || async {
-        let dead = broker.ready(&dlq).await;
-        dead > 1 || (dead == 1 && db.distinct_effects().await == valid.len() as i64)
+    let deaths = run_until_done(&db, &broker, queue_type, None, options(), 0, || {
+        poison_settled(&db, &broker, &dlq, valid.len())
     })
     .await;
     assert_blame(&db, &broker, &dlq, valid.len(), Some(&killer)).await;
@@ -264,14 +280,7 @@ async fn crashes_around_healthy_messages_condemn_none_on_classic<B: Backend>() {
 async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let config = broker
-        .builder()
-        .with_queue_type(queue_type)
-        .with_prefetch(32)
-        .with_concurrency(8)
-        .build()
-        .unwrap();
-    broker.declare_config(&config).await;
+    declare(&broker, queue_type).await;
     let capture = broker.capture().await;
     let valid = publish(&broker, &broker.queue, 2000, true).await;
 
@@ -320,13 +329,7 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
 >() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    let config = broker
-        .builder()
-        .with_prefetch(32)
-        .with_concurrency(8)
-        .build()
-        .unwrap();
-    broker.declare_config(&config).await;
+    declare(&broker, QueueType::Quorum).await;
     let capture = broker.capture().await;
     let neighbour = unique("wt_neighbour");
     // On the test exchange, as the child declares it.
@@ -360,10 +363,7 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
         Some("relay-after-publish-before-mark=0.02"),
         opts,
         5,
-        || async {
-            let dead = broker.ready(&dlq).await;
-            dead > 1 || (dead == 1 && db.distinct_effects().await == valid.len() as i64)
-        },
+        || poison_settled(&db, &broker, &dlq, valid.len()),
     )
     .await;
     assert_blame(&db, &broker, &dlq, valid.len(), Some(&killer)).await;
