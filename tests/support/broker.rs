@@ -117,6 +117,8 @@ impl TestBroker {
     }
 
     /// Publishes straight to `queue`, through the default exchange.
+    // Used by the blame tests, which need the `failpoints` feature.
+    #[allow(dead_code)]
     pub async fn publish_to(&self, queue: &str, message: &Outgoing) {
         self.publisher.publish("", queue, message).await.unwrap();
     }
