@@ -48,7 +48,7 @@
 // (warren-chaos needs the crash points); the shared store plumbing has no user
 // there, and gating each piece would scatter cfgs over code that changes often.
 #![cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite")),
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
     allow(dead_code, unused)
 )]
 
@@ -119,6 +119,8 @@ pub use relay::Relay;
 pub use relay_config::RelayConfig;
 pub use retry::RetryPolicy;
 pub use shutdown::shutdown_signal;
+#[cfg(feature = "mysql")]
+pub use store::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use store::PgStore;
 #[cfg(feature = "sqlite")]

@@ -22,7 +22,7 @@ const SIGABRT: i32 = 6;
 /// How long a healthy message's handler takes.
 const HANDLER_MS: u64 = 10;
 
-on_both_backends!(
+on_all_backends!(
     one_poison_message_among_a_thousand_is_the_only_dead_letter_on_quorum,
     one_poison_message_among_a_thousand_is_the_only_dead_letter_on_classic,
     crashes_around_healthy_messages_condemn_none_on_quorum,

@@ -285,7 +285,7 @@ impl ChildProcess {
     }
 }
 
-on_both_backends!(
+on_all_backends!(
     crash_after_commit_before_ack,
     crash_before_commit,
     crash_loop_on_quorum_queue_ends_as_poison,

@@ -9,7 +9,7 @@ use warren::{Consumer, HandlerError, Message, Registry, Tx};
 
 use crate::util::{Backend, EVENT, Job, Mode, Running, TestBroker, consume_until};
 
-on_both_backends!(
+on_all_backends!(
     transient_failure_is_retried_then_applied_once,
     handler_panic_is_survived,
     a_swallowed_database_error_is_not_acked_as_applied,
@@ -105,6 +105,18 @@ impl RefusesData for Sqlite {
     async fn refused_statement(tx: &mut Tx<Sqlite>) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT length(zeroblob(?))")
             .bind(2_000_000_000_i64)
+            .execute(tx.conn())
+            .await
+            .map(drop)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl RefusesData for sqlx::MySql {
+    /// A value too long for its column in strict mode: error 1406.
+    async fn refused_statement(tx: &mut Tx<sqlx::MySql>) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
+            .bind("x".repeat(300))
             .execute(tx.conn())
             .await
             .map(drop)

@@ -16,7 +16,7 @@ use crate::util::{
     unique, wait_for,
 };
 
-on_both_backends!(
+on_all_backends!(
     each_hostile_input_ends_where_the_readme_says,
     a_row_the_relay_cannot_publish_is_failed_and_the_rest_go_out,
     generated_hostile_input_never_stops_the_consumer_or_the_relay,

@@ -6,7 +6,7 @@ use warren::Consumer;
 
 use crate::util::{Backend, Job, Running, TestBroker, routes, test_config, unique};
 
-on_both_backends!(
+on_all_backends!(
     duplicates_are_applied_once,
     concurrent_copies_on_two_instances_apply_once,
     two_consumer_names_each_apply_once,

@@ -6,7 +6,7 @@ use warren::testing::{Settled, TestConsumer};
 
 use crate::util::{Backend, Job, Mode, TestBroker, routes, test_config, unique};
 
-on_both_backends!(the_kit_settles_every_way_on_a_real_database);
+on_all_backends!(the_kit_settles_every_way_on_a_real_database);
 
 async fn the_kit_settles_every_way_on_a_real_database<B: Backend>() {
     let db = B::create().await;

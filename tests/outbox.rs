@@ -10,7 +10,7 @@ use warren::{Consumer, Outgoing, Publisher, Relay, RelayConfig};
 
 use crate::util::{Backend, Job, Mode, OUT_EVENT, Proxy, TestBroker, amqp_url, routes, wait_for};
 
-on_both_backends!(
+on_all_backends!(
     row_is_invisible_until_its_transaction_commits,
     handler_outbox_rows_follow_the_transaction,
     broker_down_rows_wait_and_are_published_after,

@@ -11,7 +11,7 @@ use warren::{Consumer, DeadLetterInfo, DeadLetterReason, Outgoing};
 
 use crate::util::{Backend, EVENT, Job, JobV2, Mode, Running, TestBroker, routes};
 
-on_both_backends!(
+on_all_backends!(
     poison_is_dead_lettered_with_its_reason,
     dead_letter_queue_unreachable_loses_nothing
 );

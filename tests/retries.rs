@@ -10,7 +10,7 @@ use crate::util::{
     reported_attempts, routes, wait_for,
 };
 
-on_both_backends!(
+on_all_backends!(
     transient_below_the_limit_is_retried_through_the_tiers,
     transient_above_the_limit_is_dead_lettered_with_its_history,
     retry_after_picks_the_shortest_tier_long_enough,

@@ -7,7 +7,7 @@ use warren::Consumer;
 
 use crate::util::{Backend, Job, Mode, Running, TestBroker, routes};
 
-on_both_backends!(
+on_all_backends!(
     shutdown_under_load_loses_nothing,
     shutdown_deadline_leaves_unfinished_work_to_redelivery
 );

@@ -10,7 +10,7 @@ use warren::{Consumer, RelayConfig};
 
 use crate::util::{Backend, Job, Mode, Running, TestBroker, amqp_url, routes, wait_for};
 
-on_both_backends!(
+on_all_backends!(
     metrics_show_what_happened,
     deleted_queue_is_declared_again_and_consumption_resumes,
     shutdown_completes_when_the_broker_stops_answering,

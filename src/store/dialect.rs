@@ -47,6 +47,9 @@ pub struct Statements {
     /// Begins a transaction that will write: the write lock is taken up front
     /// where the database would otherwise upgrade a read lock half-way.
     pub begin: &'static str,
+    /// Run right after [`begin`](Self::begin) in a handler's transaction, as
+    /// plain text (no binds): a marker the pre-commit check looks for.
+    pub after_begin: Option<&'static str>,
     /// Run just after [`begin`](Self::begin) in `migrate`, so that processes
     /// starting at once apply migrations one after another; `None` where the
     /// begin statement already serializes them.
@@ -199,6 +202,7 @@ impl Statements {
             ("select_setting", self.select_setting, 1),
         ];
         let optional = [
+            ("after_begin", self.after_begin, 0),
             ("lock_migrations", self.lock_migrations, 0),
             ("unlock_migrations", self.unlock_migrations, 0),
             ("solo_run_count", self.solo_run_count, 2),

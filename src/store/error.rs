@@ -84,14 +84,19 @@ impl From<StoreError> for HandlerError {
 /// - SQLite: `SQLITE_TOOBIG` (18, a string or blob over the length limit),
 ///   `SQLITE_MISMATCH` (20, a datatype mismatch), `SQLITE_CONSTRAINT_DATATYPE`
 ///   (3091, a value of the wrong type in a `STRICT` table) and
-///   `SQLITE_CONSTRAINT_CHECK` (275).
+///   `SQLITE_CONSTRAINT_CHECK` (275);
+/// - MySQL and MariaDB, in strict SQL mode: 1264 (out of range), 1265 (data
+///   truncated), 1292 (incorrect date or number), 1300 (invalid character
+///   string), 1365 (division by zero), 1366 (incorrect value for a column), 1367
+///   (illegal value), 1406 (data too long), 1690 (value out of range in an
+///   expression), 3140 (invalid JSON), 3819 and 4025 (a failed `CHECK`).
 ///
 /// Unique, foreign-key, not-null and exclusion violations are left out on purpose:
 /// they depend on other rows (a concurrent insert, a parent or reference row that
 /// has not arrived yet), so a later attempt can succeed.
 // Without a backend there is no error code to read.
 #[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite")),
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
     allow(unused_variables)
 )]
 pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
@@ -111,20 +116,50 @@ pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
         };
         return matches!(code & 0xff, 18 | 20) || matches!(code, 275 | 3091);
     }
+    #[cfg(feature = "mysql")]
+    if let Some(n) = mysql_error_number(e) {
+        return MYSQL_DATA_ERRORS.contains(&n);
+    }
     false
 }
 
+/// The MySQL and MariaDB errors [`is_permanent_data_error`] lists.
+pub(crate) const MYSQL_DATA_ERRORS: &[u16] = &[
+    1264, 1265, 1292, 1300, 1365, 1366, 1367, 1406, 1690, 3140, 3819, 4025,
+];
+
+/// MySQL and MariaDB errors that mean the server is going away or dropped the
+/// connection: 1053 (shutdown in progress), 1152 and 1184 (connection aborted),
+/// 1927 (MariaDB: connection killed), 2002, 2003, 2006 and 2013 (cannot connect,
+/// server gone, connection lost), 4031 (MySQL: disconnected by the server).
+const MYSQL_CONNECTION_ERRORS: &[u16] = &[1053, 1152, 1184, 1927, 2002, 2003, 2006, 2013, 4031];
+
+/// The MySQL or MariaDB error number of `e`, if it is a MySQL server error.
+#[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
+    #[cfg(feature = "mysql")]
+    if let Some(my) = e
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+    {
+        return Some(my.number());
+    }
+    None
+}
+
 /// True if `e` means the database cannot be reached or is going away: a broken
-/// or unobtainable connection, or PostgreSQL's admin shutdown, crash shutdown and
-/// "cannot connect now" (starting up).
+/// or unobtainable connection, PostgreSQL's admin shutdown, crash shutdown and
+/// "cannot connect now" (starting up), or MySQL's and MariaDB's shutdown and
+/// lost-connection errors.
 pub fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-    ) || e
-        .as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"))
+    ) || mysql_error_number(e).is_some_and(|n| MYSQL_CONNECTION_ERRORS.contains(&n))
+        || e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"))
 }
 
 #[cfg(test)]

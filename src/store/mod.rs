@@ -10,7 +10,8 @@
 //! - `sql`: the one implementation of [`Store`] and [`OutboxStore`] over a dialect
 //!   (`SqlStore`, which [`PgStore`] and [`SqliteStore`] name for their dialect).
 //! - `migrations`: warren's tables as `.sql` files per dialect.
-//! - `postgres`, `sqlite`: connecting, and each dialect's statements and hooks.
+//! - `postgres`, `sqlite`, `mysql`: connecting, and each dialect's statements and
+//!   hooks.
 
 use std::future::Future;
 
@@ -21,6 +22,8 @@ use crate::outbox_row::{FailedRow, OutboxRow, OutboxStatus, RowOutcome};
 mod dialect;
 mod error;
 mod migrations;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sql;
@@ -29,6 +32,8 @@ mod sqlite;
 mod tx;
 
 pub use error::{StoreError, is_connection_error, is_permanent_data_error};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use sql::SqlStore;
@@ -38,7 +43,8 @@ pub use tx::Tx;
 pub(crate) use tx::insert_outbox;
 
 /// A database dialect warren's store runs on and writes its outbox in:
-/// PostgreSQL (`sqlx::Postgres`) or SQLite (`sqlx::Sqlite`).
+/// PostgreSQL (`sqlx::Postgres`), SQLite (`sqlx::Sqlite`) or MySQL/MariaDB
+/// (`sqlx::MySql`).
 ///
 /// Sealed: a dialect is a set of statements and hooks inside warren, so a new
 /// database is added to warren rather than implemented outside it. Write outbox

@@ -113,6 +113,7 @@ const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properti
 impl SqlDialect for Postgres {
     const SQL: Statements = Statements {
         begin: "BEGIN",
+        after_begin: None,
         // Scoped to this schema and released at commit.
         lock_migrations: Some(
             "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))",

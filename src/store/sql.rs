@@ -20,7 +20,7 @@ pub struct SqlStore<D: Database> {
 }
 
 impl<D: Database> SqlStore<D> {
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
     pub(super) fn with_pool(pool: Pool<D>) -> Self {
         Self {
             pool,
@@ -54,7 +54,7 @@ impl<D: Database> std::fmt::Debug for SqlStore<D> {
 
 /// The one shared insert behind each dialect's
 /// [`SqlDialect::insert_outbox`](super::dialect::SqlDialect::insert_outbox).
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) async fn insert_outbox<D>(
     conn: &mut D::Connection,
     row: &crate::outbox_row::NewOutboxRow<'_>,
@@ -146,7 +146,11 @@ shared_impl! {
         }
 
         async fn begin(&self) -> Result<super::Tx<D>, StoreError> {
-            Ok(super::Tx::new(self.pool.begin_with(D::SQL.begin).await?))
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            if let Some(mark) = D::SQL.after_begin {
+                Executor::execute(&mut *tx, sqlx::raw_sql(mark)).await?;
+            }
+            Ok(super::Tx::new(tx))
         }
 
         async fn claim<'a>(

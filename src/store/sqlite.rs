@@ -114,6 +114,7 @@ const TAKE_BATCH: &str = "UPDATE warren_outbox SET lease_until = ?1
 impl SqlDialect for Sqlite {
     const SQL: Statements = Statements {
         begin: "BEGIN IMMEDIATE",
+        after_begin: None,
         // BEGIN IMMEDIATE takes the write lock first, so concurrent starters
         // apply migrations one after another.
         lock_migrations: None,

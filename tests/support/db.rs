@@ -1,11 +1,14 @@
-//! A private database per test: a PostgreSQL schema or an SQLite file, with
-//! warren migrated and a table for the test handler's effects.
+//! A private database per test: a PostgreSQL schema, an SQLite file or a
+//! MySQL/MariaDB database, with warren migrated and a table for the test
+//! handler's effects.
 
 use std::future::Future;
 
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
 use warren::{PgStore, SqliteStore, Store, Tx};
 
+#[cfg(feature = "mysql")]
+use super::mysql_admin_url;
 use super::{pg_admin_url, unique};
 
 /// A database dialect under test.
@@ -46,6 +49,8 @@ pub struct TestDb<B: Backend> {
 
 enum Cleanup {
     Schema(String),
+    #[cfg(feature = "mysql")]
+    Database(String),
     Dir(#[allow(dead_code)] tempfile::TempDir),
 }
 
@@ -78,6 +83,14 @@ impl<B: Backend> TestDb<B> {
         if let Cleanup::Schema(schema) = &self.cleanup {
             let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
             sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+        #[cfg(feature = "mysql")]
+        if let Cleanup::Database(name) = &self.cleanup {
+            let admin = sqlx::MySqlPool::connect(&mysql_admin_url()).await.unwrap();
+            sqlx::query(AssertSqlSafe(format!("DROP DATABASE {name}")))
                 .execute(&admin)
                 .await
                 .unwrap();
@@ -198,6 +211,72 @@ impl Backend for Sqlite {
     }
 
     async fn exec(store: &SqliteStore, sql: String) {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
+
+#[cfg(feature = "mysql")]
+const EFFECTS_MYSQL: &str = "CREATE TABLE test_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+     message_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL) ENGINE = InnoDB";
+
+#[cfg(feature = "mysql")]
+impl Backend for sqlx::MySql {
+    type S = warren::MySqlStore;
+    const NAME: &'static str = "mysql";
+
+    async fn create() -> TestDb<Self> {
+        let name = unique("wt");
+        let admin = sqlx::MySqlPool::connect(&mysql_admin_url()).await.unwrap();
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let url = format!("{}{name}", mysql_admin_url().trim_end_matches(|c| c != '/'));
+        let store = Self::open(&url).await;
+        store.migrate().await.unwrap();
+        sqlx::query(EFFECTS_MYSQL)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        TestDb {
+            store,
+            url,
+            cleanup: Cleanup::Database(name),
+        }
+    }
+
+    async fn open(url: &str) -> warren::MySqlStore {
+        warren::MySqlStore::connect(url, 12).await.unwrap()
+    }
+
+    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+        Ok(())
+    }
+
+    fn pool(store: &warren::MySqlStore) -> &sqlx::Pool<Self> {
+        store.pool()
+    }
+
+    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
+    }
+
+    async fn count(store: &warren::MySqlStore, sql: String) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn exec(store: &warren::MySqlStore, sql: String) {
         sqlx::query(AssertSqlSafe(sql))
             .execute(store.pool())
             .await

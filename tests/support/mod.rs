@@ -26,6 +26,13 @@ pub fn pg_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
+/// The MySQL/MariaDB server the tests create their databases on (a URL ending
+/// in `/`).
+#[cfg(feature = "mysql")]
+pub fn mysql_admin_url() -> String {
+    std::env::var("WARREN_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/".into())
+}
+
 /// A short random name unique to one test.
 pub fn unique(prefix: &str) -> String {
     // The tail of a UUIDv7 is random; its head is the clock.
@@ -53,7 +60,7 @@ where
 
 /// Runs a test body once per backend.
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_all_backends {
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {
@@ -64,6 +71,11 @@ macro_rules! on_both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn sqlite() {
                     super::$name::<sqlx::Sqlite>().await
+                }
+                #[cfg(feature = "mysql")]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn mysql() {
+                    super::$name::<sqlx::MySql>().await
                 }
             }
         )*

@@ -84,7 +84,7 @@ async fn dead_letter_some<B: Backend>(
     ids
 }
 
-on_both_backends!(
+on_all_backends!(
     inbox_purge_refuses_a_short_window_and_deletes_old_rows,
     replay_killed_halfway_loses_nothing_and_applies_once,
     replay_ends_while_the_consumer_dead_letters_the_copies_again,
@@ -335,7 +335,7 @@ async fn topology_declare_creates_what_the_consumer_expects() {
     broker.cleanup().await;
 }
 
-on_both_backends!(outbox_status_and_retry_failed);
+on_all_backends!(outbox_status_and_retry_failed);
 
 async fn outbox_status_and_retry_failed<B: Backend>() {
     let db = B::create().await;

@@ -1,0 +1,229 @@
+//! MySQL and MariaDB store (MySQL 8.0+, MariaDB 10.6+: both have
+//! `FOR UPDATE SKIP LOCKED`).
+
+use std::str::FromStr;
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::{Executor, MySql};
+
+use super::StoreError;
+use super::dialect::{SqlDialect, Statements, TakenBatch};
+use super::migrations::{Migration, Migrations};
+use super::sql::SqlStore;
+use crate::outbox_row::NewOutboxRow;
+
+/// A [`Store`](super::Store) on MySQL or MariaDB (InnoDB).
+///
+/// Tables live in the URL's database. Keys compare as bytes (`utf8mb4_bin`),
+/// so ids that differ only by case or trailing spaces stay distinct. The claim
+/// is a plain `INSERT`: a concurrent copy waits on the row lock, and a
+/// duplicate key (error 1062) means the message was claimed before. Sessions
+/// run in strict SQL mode at `READ COMMITTED`, with times in UTC to the
+/// microsecond. Relays share the outbox with `FOR UPDATE SKIP LOCKED`; there is
+/// no `LISTEN`, so a relay polls, and wakes at once when a consumer in its own
+/// process commits outbox rows.
+pub type MySqlStore = SqlStore<MySql>;
+
+/// Set on every connection: refuse bad data instead of truncating it, take no
+/// gap locks a second claim could deadlock on, and keep times in UTC.
+const SESSION_SETUP: &str =
+    "SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode, 'STRICT_ALL_TABLES'), time_zone = '+00:00'; \
+     SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// The savepoint that marks the transaction warren opened. Statements that end
+/// a transaction implicitly (DDL, `LOCK TABLES`, `START TRANSACTION`) or a
+/// deadlock, which rolls the whole transaction back, take it with them; the
+/// check before commit then finds it gone.
+const MARK: &str = "SAVEPOINT warren_tx";
+const CHECK_MARK: &str = "RELEASE SAVEPOINT warren_tx";
+
+/// Locked rows belong to another relay's batch.
+const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properties, body, attempts
+     FROM warren_outbox
+     WHERE published_at IS NULL AND failed_at IS NULL
+     ORDER BY id
+     LIMIT ?
+     FOR UPDATE SKIP LOCKED";
+
+impl SqlStore<MySql> {
+    /// Connects with a pool of `max_connections` (size it to the consumer's
+    /// concurrency plus a few for the relay and operators).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(Self::options(url)?, max_connections).await
+    }
+
+    /// The connect options a `mysql://` URL names.
+    pub fn options(url: &str) -> Result<MySqlConnectOptions, StoreError> {
+        MySqlConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Config(format!("database URL is not a MySQL URL: {e}")))
+    }
+
+    /// Connects with explicit options.
+    pub async fn connect_with(
+        options: MySqlConnectOptions,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute(sqlx::raw_sql(SESSION_SETUP)).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Ok(Self::from_pool(pool))
+    }
+
+    /// Wraps an existing pool, for applications that already have one. Its
+    /// connections should run in strict SQL mode (MariaDB's and MySQL's
+    /// default), or an over-long value is truncated instead of refused.
+    pub fn from_pool(pool: MySqlPool) -> Self {
+        Self::with_pool(pool)
+    }
+}
+
+impl SqlDialect for MySql {
+    const SQL: Statements = Statements {
+        begin: "BEGIN",
+        after_begin: Some(MARK),
+        // A session lock: DDL commits as it goes, so no transaction could hold it.
+        lock_migrations: Some("DO GET_LOCK(CONCAT(DATABASE(), '.warren_migrations'), 120)"),
+        unlock_migrations: Some("DO RELEASE_LOCK(CONCAT(DATABASE(), '.warren_migrations'))"),
+        ping: "SELECT 1",
+        // Not `INSERT IGNORE`, which also turns a too-long or bad value into a
+        // warning; not a no-op `ON DUPLICATE KEY UPDATE`, which reports one row
+        // under the driver's CLIENT_FOUND_ROWS. A duplicate is error 1062.
+        claim: "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
+             VALUES (?, ?, ?, ?, ?)",
+        // Batched deletes along an index: only the rows they remove are locked.
+        purge_inbox: "DELETE FROM warren_inbox
+             WHERE consumer_name = ? AND processed_at < ? ORDER BY processed_at LIMIT ?",
+        purge_redeliveries: "DELETE FROM warren_redeliveries
+             WHERE consumer_name = ? AND last_delivered_at < ? ORDER BY last_delivered_at LIMIT ?",
+        record_solo_run: "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
+             VALUES (?, ?, 1)
+             ON DUPLICATE KEY UPDATE deliveries = deliveries + 1,
+                                     last_delivered_at = UTC_TIMESTAMP(6)",
+        solo_run_count: Some(
+            "SELECT deliveries FROM warren_redeliveries WHERE consumer_name = ? AND message_id = ?",
+        ),
+        clear_solo_runs: "DELETE FROM warren_redeliveries WHERE consumer_name = ? AND message_id = ?",
+        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
+             VALUES (?, ?, ?, ?, ?)",
+        notify_outbox: None,
+        mark_published: "UPDATE warren_outbox SET published_at = UTC_TIMESTAMP(6), attempts = attempts + 1
+             WHERE id = ?",
+        mark_failed: "UPDATE warren_outbox SET failed_at = UTC_TIMESTAMP(6), attempts = attempts + 1,
+             last_error = ? WHERE id = ?",
+        mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+        outbox_counts: "SELECT
+                COUNT(CASE WHEN published_at IS NULL AND failed_at IS NULL THEN 1 END),
+                MIN(CASE WHEN published_at IS NULL AND failed_at IS NULL THEN created_at END),
+                COUNT(published_at),
+                COUNT(failed_at)
+             FROM warren_outbox",
+        failed_outbox_rows: "SELECT id, message_id, exchange, routing_key, last_error, attempts
+             FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT ?",
+        retry_all_failed: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL",
+        retry_failed_id: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL AND id = ?",
+        delete_published_before: "DELETE FROM warren_outbox
+             WHERE published_at < ? ORDER BY published_at LIMIT ?",
+        insert_setting: "INSERT INTO warren_settings (name, value) VALUES (?, ?)
+             ON DUPLICATE KEY UPDATE name = name",
+        select_setting: "SELECT value FROM warren_settings WHERE name = ?",
+    };
+
+    const MIGRATIONS: Migrations = Migrations {
+        create_table: "CREATE TABLE IF NOT EXISTS warren_migrations (
+            version    BIGINT       NOT NULL PRIMARY KEY,
+            name       VARCHAR(255) NOT NULL,
+            applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+        ) ENGINE = InnoDB",
+        record: "INSERT INTO warren_migrations (version, name) VALUES (?, ?)",
+        list: &[
+            Migration {
+                version: 1,
+                name: "inbox",
+                sql: include_str!("migrations/mysql/0001_inbox.sql"),
+            },
+            Migration {
+                version: 2,
+                name: "redeliveries",
+                sql: include_str!("migrations/mysql/0002_redeliveries.sql"),
+            },
+            Migration {
+                version: 3,
+                name: "outbox",
+                sql: include_str!("migrations/mysql/0003_outbox.sql"),
+            },
+            Migration {
+                version: 4,
+                name: "settings",
+                sql: include_str!("migrations/mysql/0004_settings.sql"),
+            },
+        ],
+    };
+
+    type Time = NaiveDateTime;
+
+    fn time(t: DateTime<Utc>) -> NaiveDateTime {
+        t.naive_utc()
+    }
+
+    fn parse_time(t: NaiveDateTime) -> Option<DateTime<Utc>> {
+        Some(t.and_utc())
+    }
+
+    fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// Fails with error 1305 (no such savepoint) if the transaction warren
+    /// opened ended under the handler: committed by DDL, `LOCK TABLES` or
+    /// `START TRANSACTION`, or rolled back by a deadlock.
+    async fn check_before_commit(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        conn.execute(sqlx::raw_sql(CHECK_MARK)).await?;
+        Ok(())
+    }
+
+    async fn insert_outbox<'c>(
+        conn: &'c mut MySqlConnection,
+        row: &'c NewOutboxRow<'c>,
+    ) -> Result<(), StoreError> {
+        super::sql::insert_outbox::<MySql>(conn, row).await
+    }
+
+    /// The rows stay locked in the open transaction until their outcomes are
+    /// recorded in it.
+    async fn take_batch(pool: &MySqlPool, limit: i64) -> Result<TakenBatch<MySql>, StoreError> {
+        let mut tx = pool.begin().await?;
+        let raw = sqlx::query_as(TAKE_BATCH)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        Ok((Some(tx), raw))
+    }
+
+    fn is_refused_claim(e: &sqlx::Error) -> bool {
+        super::error::mysql_error_number(e) == Some(1062)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taking_a_batch_binds_what_take_batch_binds() {
+        assert_eq!(super::super::dialect::arity_in_order(TAKE_BATCH), 1);
+    }
+
+    #[test]
+    fn the_check_releases_the_savepoint_the_transaction_begins_with() {
+        assert_eq!(MySql::SQL.after_begin, Some(MARK));
+        assert!(CHECK_MARK.ends_with(MARK.trim_start_matches("SAVEPOINT ")));
+    }
+}
