@@ -65,6 +65,8 @@ async fn child() {
     match spec.backend.as_str() {
         "postgres" => run_child::<Postgres>(spec).await,
         "sqlite" => run_child::<Sqlite>(spec).await,
+        #[cfg(feature = "mysql")]
+        "mysql" => run_child::<sqlx::MySql>(spec).await,
         other => panic!("unknown backend {other}"),
     }
 }
