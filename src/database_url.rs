@@ -1,18 +1,20 @@
-//! Which database a URL names: PostgreSQL or an SQLite file.
+//! Which database a URL names: PostgreSQL, MySQL/MariaDB or an SQLite file.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::config_error::ConfigError;
 
-/// A database URL, checked: `postgres://...`, `sqlite://PATH`, or a plain file path
-/// (SQLite).
+/// A database URL, checked: `postgres://...`, `mysql://...` (MySQL or MariaDB),
+/// `sqlite://PATH`, or a plain file path (SQLite).
 #[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     /// A PostgreSQL connection URL.
     Postgres(String),
     /// An SQLite URL (`sqlite://PATH`).
     Sqlite(String),
+    /// A MySQL or MariaDB connection URL (`mysql://`).
+    MySql(String),
 }
 
 impl FromStr for DatabaseUrl {
@@ -22,7 +24,7 @@ impl FromStr for DatabaseUrl {
         let refuse = |reason: String| Err(ConfigError::new("database URL", reason));
         let s = s.trim();
         if s.is_empty() {
-            return refuse("is empty: use postgres://... or sqlite://PATH".into());
+            return refuse("is empty: use postgres://..., mysql://... or sqlite://PATH".into());
         }
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             return Ok(DatabaseUrl::Postgres(s.to_owned()));
@@ -30,13 +32,19 @@ impl FromStr for DatabaseUrl {
         if s.starts_with("sqlite:") {
             return Ok(DatabaseUrl::Sqlite(s.to_owned()));
         }
+        if s.starts_with("mysql://") {
+            return Ok(DatabaseUrl::MySql(s.to_owned()));
+        }
+        if let Some(rest) = s.strip_prefix("mariadb://") {
+            return Ok(DatabaseUrl::MySql(format!("mysql://{rest}")));
+        }
         if s.contains("://") {
             // Never the input itself: it may hold a password.
             return refuse(match scheme_of(s) {
                 Some(scheme) => format!(
-                    "unsupported database URL scheme {scheme:?}: use postgres://... or sqlite://PATH"
+                    "unsupported database URL scheme {scheme:?}: use postgres://..., mysql://... or sqlite://PATH"
                 ),
-                None => "unreadable: use postgres://... or sqlite://PATH".into(),
+                None => "unreadable: use postgres://..., mysql://... or sqlite://PATH".into(),
             });
         }
         Ok(DatabaseUrl::Sqlite(format!("sqlite://{s}")))
@@ -47,7 +55,7 @@ impl DatabaseUrl {
     /// The URL as given to the driver.
     pub fn as_str(&self) -> &str {
         match self {
-            DatabaseUrl::Postgres(s) | DatabaseUrl::Sqlite(s) => s,
+            DatabaseUrl::Postgres(s) | DatabaseUrl::Sqlite(s) | DatabaseUrl::MySql(s) => s,
         }
     }
 
@@ -252,12 +260,20 @@ mod tests {
             "sqlite://x.db".parse(),
             Ok(DatabaseUrl::Sqlite(_))
         ));
-        let err = "mysql://h/db"
+        assert_eq!(
+            "mysql://u@h/db".parse::<DatabaseUrl>().unwrap(),
+            DatabaseUrl::MySql("mysql://u@h/db".into())
+        );
+        assert_eq!(
+            "mariadb://u@h/db".parse::<DatabaseUrl>().unwrap(),
+            DatabaseUrl::MySql("mysql://u@h/db".into())
+        );
+        let err = "mongodb://h/db"
             .parse::<DatabaseUrl>()
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("unsupported") && err.contains("mysql"),
+            err.contains("unsupported") && err.contains("mongodb"),
             "{err}"
         );
         assert!("".parse::<DatabaseUrl>().is_err());

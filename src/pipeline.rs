@@ -55,14 +55,16 @@ impl<S: Store> Pipeline<S> {
     /// Applies a batch of deliveries, each in its own transaction and settled on
     /// its own: one failing message never affects another. A batch the
     /// dispatcher marked `alone` (a suspect) runs with nothing else running.
-    pub(crate) async fn run(&self, port: &dyn Port, batch: Batch) {
+    pub(crate) async fn run(&self, port: &dyn Port, batch: Batch) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(batch.deliveries.len());
         for delivery in batch.deliveries {
-            self.run_one(port, delivery, batch.alone).await;
+            outcomes.push(self.run_one(port, delivery, batch.alone).await);
         }
+        outcomes
     }
 
     /// The rule, for one delivery.
-    async fn run_one(&self, port: &dyn Port, mut delivery: Delivery, alone: bool) {
+    async fn run_one(&self, port: &dyn Port, mut delivery: Delivery, alone: bool) -> Outcome {
         let started = Instant::now();
         let received_at = Utc::now();
         // From here on, only headers warren signed count as warren's; forged
@@ -109,6 +111,7 @@ impl<S: Store> Pipeline<S> {
             self.forget_solo_runs(&meta.message_id).await;
         }
         self.record(outcome, &delivery, &history, meta.as_ref(), started);
+        outcome
     }
 
     /// Validates the delivery and binds it to its handler. No database, no broker.

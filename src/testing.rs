@@ -125,7 +125,7 @@ use crate::outgoing::Outgoing;
 use crate::pipeline::Pipeline;
 use crate::registry::Registry;
 use crate::store::{OutboxStore, Store, StoreError};
-use crate::telemetry::{ConsumerStats, Telemetry};
+use crate::telemetry::{ConsumerStats, Outcome, Telemetry};
 
 mod outbox_message;
 
@@ -194,6 +194,9 @@ struct Seen {
     waiting: VecDeque<Published>,
     dead_letters: Vec<DeadLetterInfo>,
     outbox: Vec<OutboxMessage>,
+    /// How the copies seen settled their deliveries, by message id, until the
+    /// call that made each takes it.
+    settled_copies: Vec<(String, Settled)>,
 }
 
 impl<S: OutboxStore> TestConsumer<S> {
@@ -429,25 +432,37 @@ impl<S: OutboxStore> TestConsumer<S> {
     /// Runs one delivery and reads its settlement from what the broker was told.
     async fn run(&self, mut delivery: Delivery) -> Settled {
         delivery.tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let before = self.stats();
-        self.pipeline.run(&self.broker, Batch::of(delivery)).await;
-        let after = self.stats();
+        let id = delivery.message_id().to_owned();
+        let outcome = self
+            .pipeline
+            .run(&self.broker, Batch::of(delivery))
+            .await
+            .pop()
+            .expect("one delivery, one outcome");
         let published = self.broker.published();
         let mut state = self.state.lock().unwrap();
         let copies = published[state.published..].to_vec();
         state.published = published.len();
         let config = &self.pipeline.config;
-        let mut settled = None;
+        // Copies are classified as they appear, whichever call (deliveries may
+        // run side by side) made them; each call then takes its own by id.
         for copy in copies {
+            let copy_id = copy
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
             if copy.queue == config.dead_letter_queue() {
                 let info = DeadLetterInfo::from_properties(&copy.properties)
                     .expect("warren's dead-letter copies carry their record");
-                settled = Some(Settled::DeadLettered {
+                let settled = Settled::DeadLettered {
                     reason: DeadLetterReason::from_name(&info.reason)
                         .expect("warren writes only its own reason names"),
                     error: info.error.clone(),
                     attempts: info.attempts,
-                });
+                };
+                state.settled_copies.push((copy_id, settled));
                 state.dead_letters.push(info);
             } else if let Some(delay) = config
                 .retry
@@ -457,7 +472,7 @@ impl<S: OutboxStore> TestConsumer<S> {
                 .find(|d| config.retry_queue(*d) == copy.queue)
             {
                 let headers = copy.properties.headers().clone().unwrap_or_default();
-                settled = Some(Settled::Retried {
+                let settled = Settled::Retried {
                     attempt: header_int(&headers, HEADER_ATTEMPT)
                         .and_then(|a| u32::try_from(a).ok())
                         .unwrap_or_default(),
@@ -465,18 +480,23 @@ impl<S: OutboxStore> TestConsumer<S> {
                     error: header_str(&headers, HEADER_LAST_ERROR)
                         .map(|e| e.into_owned())
                         .unwrap_or_default(),
-                });
+                };
+                state.settled_copies.push((copy_id, settled));
                 state.waiting.push_back(copy);
             }
         }
-        if after.returned > before.returned {
-            Settled::Returned
-        } else if after.duplicates > before.duplicates {
-            Settled::Duplicate
-        } else if after.applied > before.applied {
-            Settled::Applied
-        } else {
-            settled.expect("every delivery settles one way or another")
+        match outcome {
+            Outcome::Applied => Settled::Applied,
+            Outcome::Duplicate => Settled::Duplicate,
+            Outcome::Returned => Settled::Returned,
+            Outcome::Retried | Outcome::DeadLettered(_) => {
+                let at = state
+                    .settled_copies
+                    .iter()
+                    .rposition(|(copy_id, _)| *copy_id == id)
+                    .expect("a retried or dead-lettered delivery left a copy");
+                state.settled_copies.remove(at).1
+            }
         }
     }
 }

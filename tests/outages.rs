@@ -118,6 +118,47 @@ async fn survives<B: Backend>(fault: impl AsyncFnOnce()) {
     db.drop_db().await;
 }
 
+/// MariaDB restarted mid-run, as PostgreSQL above: the server is shut down, and
+/// started again once its process is gone.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts shared services; run alone with --ignored --test-threads=1"]
+async fn mariadb_restart() {
+    survives::<sqlx::MySql>(async || {
+        run("mariadb-admin", &["-uroot", "-h127.0.0.1", "shutdown"]);
+        let gone = wait_for(Duration::from_secs(60), || async {
+            !Command::new("pgrep")
+                .args(["-x", "mariadbd"])
+                .status()
+                .unwrap()
+                .success()
+        })
+        .await;
+        assert!(gone, "mariadbd did not stop");
+        run(
+            "start-stop-daemon",
+            &[
+                "--start",
+                "--oknodo",
+                "--background",
+                "--exec",
+                "/usr/sbin/mariadbd",
+            ],
+        );
+        let up = wait_for(Duration::from_secs(60), || async {
+            Command::new("mariadb-admin")
+                .args(["-uroot", "-h127.0.0.1", "ping"])
+                .output()
+                .unwrap()
+                .status
+                .success()
+        })
+        .await;
+        assert!(up, "MariaDB did not come back");
+    })
+    .await;
+}
+
 macro_rules! outage_tests {
     ($($name:ident => $fault:expr),* $(,)?) => {
         $(
@@ -132,6 +173,12 @@ macro_rules! outage_tests {
                 #[ignore = "restarts shared services; run alone with --ignored --test-threads=1"]
                 async fn sqlite() {
                     survives::<sqlx::Sqlite>($fault).await;
+                }
+                #[cfg(feature = "mysql")]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "restarts shared services; run alone with --ignored --test-threads=1"]
+                async fn mysql() {
+                    survives::<sqlx::MySql>($fault).await;
                 }
             }
         )*

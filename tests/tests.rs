@@ -17,6 +17,8 @@ mod hostile;
 mod inbox;
 #[cfg(feature = "testing")]
 mod kit;
+#[cfg(all(feature = "mysql", feature = "testing"))]
+mod mysql;
 mod outages;
 mod outbox;
 mod poison;

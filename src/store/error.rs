@@ -96,7 +96,7 @@ impl From<StoreError> for HandlerError {
 /// has not arrived yet), so a later attempt can succeed.
 // Without a backend there is no error code to read.
 #[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    not(any(feature = "postgres", feature = "sqlite")),
     allow(unused_variables)
 )]
 pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
@@ -156,8 +156,7 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
         e,
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
     ) || mysql_error_number(e).is_some_and(|n| MYSQL_CONNECTION_ERRORS.contains(&n))
-        || e
-            .as_database_error()
+        || e.as_database_error()
             .and_then(|d| d.code())
             .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"))
 }

@@ -15,8 +15,8 @@ use crate::outbox_row::NewOutboxRow;
 
 /// A [`Store`](super::Store) on MySQL or MariaDB (InnoDB).
 ///
-/// Tables live in the URL's database. Keys compare as bytes (`utf8mb4_bin`),
-/// so ids that differ only by case or trailing spaces stay distinct. The claim
+/// Tables live in the URL's database. Keys are bytes (`VARBINARY`), so ids
+/// that differ only by case or trailing spaces stay distinct. The claim
 /// is a plain `INSERT`: a concurrent copy waits on the row lock, and a
 /// duplicate key (error 1062) means the message was claimed before. Sessions
 /// run in strict SQL mode at `READ COMMITTED`, with times in UTC to the
@@ -27,8 +27,7 @@ pub type MySqlStore = SqlStore<MySql>;
 
 /// Set on every connection: refuse bad data instead of truncating it, take no
 /// gap locks a second claim could deadlock on, and keep times in UTC.
-const SESSION_SETUP: &str =
-    "SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode, 'STRICT_ALL_TABLES'), time_zone = '+00:00'; \
+const SESSION_SETUP: &str = "SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode, 'STRICT_ALL_TABLES'), time_zone = '+00:00'; \
      SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
 /// The savepoint that marks the transaction warren opened. Statements that end
@@ -39,7 +38,8 @@ const MARK: &str = "SAVEPOINT warren_tx";
 const CHECK_MARK: &str = "RELEASE SAVEPOINT warren_tx";
 
 /// Locked rows belong to another relay's batch.
-const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properties, body, attempts
+const TAKE_BATCH: &str = "SELECT id, CAST(message_id AS CHAR) AS message_id, exchange, routing_key,
+            properties, body, attempts
      FROM warren_outbox
      WHERE published_at IS NULL AND failed_at IS NULL
      ORDER BY id
@@ -125,7 +125,8 @@ impl SqlDialect for MySql {
                 COUNT(published_at),
                 COUNT(failed_at)
              FROM warren_outbox",
-        failed_outbox_rows: "SELECT id, message_id, exchange, routing_key, last_error, attempts
+        failed_outbox_rows: "SELECT id, CAST(message_id AS CHAR) AS message_id, exchange, routing_key,
+                last_error, attempts
              FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT ?",
         retry_all_failed: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL",
         retry_failed_id: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL AND id = ?",

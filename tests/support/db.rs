@@ -220,7 +220,7 @@ impl Backend for Sqlite {
 
 #[cfg(feature = "mysql")]
 const EFFECTS_MYSQL: &str = "CREATE TABLE test_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-     message_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL) ENGINE = InnoDB";
+     message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB";
 
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {

@@ -64,7 +64,7 @@ enum Command {
     Dlq(DlqCommand),
     /// The inbox in a database: retention.
     Inbox {
-        /// postgres://... or sqlite://PATH. The password is never printed.
+        /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
         database_url: DatabaseUrl,
         #[command(subcommand)]
@@ -72,7 +72,7 @@ enum Command {
     },
     /// The transactional outbox in a database.
     Outbox {
-        /// postgres://... or sqlite://PATH. The password is never printed.
+        /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
         database_url: DatabaseUrl,
         #[command(subcommand)]
@@ -418,6 +418,10 @@ macro_rules! with_store {
                     return Err(format!("no database at {path}"));
                 }
                 let $store = SqliteStore::connect(u).await.map_err(fail)?;
+                $body.await
+            }
+            DatabaseUrl::MySql(u) => {
+                let $store = warren::MySqlStore::connect(u, 2).await.map_err(fail)?;
                 $body.await
             }
         }

@@ -1,4 +1,4 @@
-//! billing's own tables, in both dialects: `invoices` (naturally idempotent upsert)
+//! billing's own tables, in each dialect: `invoices` (naturally idempotent upsert)
 //! and `loyalty_points` (one row per credit: only the inbox keeps it from
 //! doubling).
 
@@ -13,6 +13,8 @@ use warren::store::OutboxStore;
 use warren::{PgStore, SqliteStore, Store, StoreError, Tx};
 
 use crate::amount::Amount;
+
+pub mod mysql;
 
 /// A payment to record, validated.
 #[derive(Debug, Clone)]
@@ -85,10 +87,12 @@ pub struct Audit {
     pub outbox_unpublished: i64,
 }
 
-/// Opens the database a URL names: PostgreSQL (optionally in `schema`) or SQLite.
+/// Opens the database a URL names: PostgreSQL (optionally in `schema`), SQLite,
+/// or MySQL/MariaDB.
 pub enum Database {
     Postgres(PgStore),
     Sqlite(SqliteStore),
+    MySql(warren::MySqlStore),
 }
 
 impl Database {
@@ -109,6 +113,7 @@ impl Database {
                 ))
             }
             DatabaseUrl::Sqlite(u) => Ok(Database::Sqlite(SqliteStore::connect(u).await?)),
+            DatabaseUrl::MySql(u) => Ok(Database::MySql(mysql::open(u, pool).await?)),
         }
     }
 }
@@ -249,7 +254,7 @@ impl BillingDb for Postgres {
     }
 
     async fn audit(store: &PgStore) -> Result<Audit, StoreError> {
-        audit_with(store.pool()).await
+        audit_with(store.pool(), OUTBOX_IDS).await
     }
 }
 
@@ -358,16 +363,16 @@ impl BillingDb for Sqlite {
     }
 
     async fn audit(store: &SqliteStore) -> Result<Audit, StoreError> {
-        audit_with(store.pool()).await
+        audit_with(store.pool(), OUTBOX_IDS).await
     }
 }
 
-fn corrupt(what: &str) -> StoreError {
+pub(crate) fn corrupt(what: &str) -> StoreError {
     StoreError::Database(sqlx::Error::Protocol(what.to_owned()))
 }
 
 /// A whole number of points as stored (decimal text).
-fn integer(text: &str) -> Result<i128, StoreError> {
+pub(crate) fn integer(text: &str) -> Result<i128, StoreError> {
     text.parse()
         .map_err(|_| corrupt(&format!("loyalty points {text:?} are not an integer")))
 }
@@ -375,7 +380,7 @@ fn integer(text: &str) -> Result<i128, StoreError> {
 /// Adds up `(currency, amount)` rows exactly. A currency whose total cannot be
 /// exact (an amount stored before amounts were checked, such as `1e308`, or a
 /// total beyond 128 bits) maps to `None` rather than failing the report.
-fn sum_by_currency(
+pub(crate) fn sum_by_currency(
     rows: impl IntoIterator<Item = (String, String)>,
 ) -> BTreeMap<String, Option<Amount>> {
     let mut paid = BTreeMap::new();
@@ -386,8 +391,14 @@ fn sum_by_currency(
     paid
 }
 
-/// The audit queries, the same text in both dialects.
-async fn audit_with<DB>(pool: &Pool<DB>) -> Result<Audit, StoreError>
+/// The outbox's message ids, where they are text.
+const OUTBOX_IDS: &str = "SELECT message_id FROM warren_outbox";
+
+/// The audit queries, the same text in each dialect but the outbox ids.
+pub(crate) async fn audit_with<DB>(
+    pool: &Pool<DB>,
+    outbox_ids_sql: &'static str,
+) -> Result<Audit, StoreError>
 where
     DB: sqlx::Database,
     for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
@@ -406,7 +417,7 @@ where
         one("SELECT count(*) FROM invoices WHERE invoice_id LIKE 'inv_poison_%'").await?;
     let outbox_unpublished =
         one("SELECT count(*) FROM warren_outbox WHERE published_at IS NULL").await?;
-    let outbox_ids = sqlx::query_as::<DB, (String,)>("SELECT message_id FROM warren_outbox")
+    let outbox_ids = sqlx::query_as::<DB, (String,)>(outbox_ids_sql)
         .fetch_all(pool)
         .await?
         .into_iter()

@@ -259,6 +259,10 @@ macro_rules! with_store {
                 type $B = Sqlite;
                 $body
             }
+            Database::MySql($store) => {
+                type $B = sqlx::MySql;
+                $body
+            }
         }
     };
 }
@@ -447,8 +451,8 @@ async fn demo_command(cli: &Config, count: usize, keep: bool, pool: u32) -> Resu
     passed
 }
 
-/// A database with nothing in it: a temporary SQLite file, or a schema of its
-/// own on PostgreSQL.
+/// A database with nothing in it: a temporary SQLite file, a schema of its own
+/// on PostgreSQL, or a database of its own on MySQL.
 struct Fresh {
     db: Database,
     /// A URL other processes can open the same database with.
@@ -483,6 +487,22 @@ async fn fresh_database(cli: &Config, tag: &str, pool: u32) -> Result<Fresh, Str
                 db,
                 url: child,
                 schema: Some(schema),
+                temp,
+            })
+        }
+        Some(url @ DatabaseUrl::MySql(u)) => {
+            let name = format!("billing_{tag}");
+            let child = db::mysql::with_database(u, &name);
+            let options = warren::MySqlStore::options(&child).map_err(|e| e.to_string())?;
+            db::mysql::create_database(&options, &name)
+                .await
+                .map_err(|e| format!("cannot create database {name}: {e}"))?;
+            println!("database: MySQL {} (database {name})", url.redacted());
+            let db = open(&DatabaseUrl::MySql(child.clone()), None, pool).await?;
+            Ok(Fresh {
+                db,
+                url: child,
+                schema: Some(name),
                 temp,
             })
         }
@@ -573,6 +593,10 @@ async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Opti
             let _ = warren::broker::delete(&connection, &topology).await;
         }
         let _ = connection.close(200, "done".into()).await;
+    }
+    if let (Some(name), Some(DatabaseUrl::MySql(url))) = (schema, &cli.database_url) {
+        let _ = db::mysql::drop_database(url, name).await;
+        return;
     }
     if let (Some(schema), Some(url)) = (schema, &cli.database_url)
         && let Ok(options) = warren::PgStore::options(url.as_str())

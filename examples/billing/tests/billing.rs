@@ -151,7 +151,7 @@ async fn bad_flag_values_stop_with_a_message() {
     let (ok, _, err) = output(billing().args(["--prefetch", "0", "status"])).await;
     assert!(!ok);
     assert!(err.contains("prefetch"), "{err}");
-    let (ok, _, err) = output(billing().args(["--database-url", "mysql://x", "status"])).await;
+    let (ok, _, err) = output(billing().args(["--database-url", "mongodb://x", "status"])).await;
     assert!(!ok);
     assert!(err.contains("unsupported database URL scheme"), "{err}");
     let (ok, _, err) = output(billing().args(["publish", "--duplicates", "2"])).await;

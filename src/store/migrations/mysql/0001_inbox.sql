@@ -1,8 +1,9 @@
--- Keys compare as bytes (utf8mb4_bin): the default collations ignore case and
--- trailing spaces, which would make two distinct message ids one.
+-- Keys are bytes (VARBINARY): the default collations ignore case and trailing
+-- spaces, and even utf8mb4_bin pads with spaces when it compares, so two
+-- distinct message ids would be one. Other text compares as utf8mb4_bin.
 CREATE TABLE warren_inbox (
-    consumer_name  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-    message_id     VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    consumer_name  VARBINARY(255) NOT NULL,
+    message_id     VARBINARY(255) NOT NULL,
     event_type     TEXT         CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     correlation_id TEXT         CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     received_at    DATETIME(6)  NOT NULL,

@@ -1,6 +1,6 @@
 CREATE TABLE warren_outbox (
     id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    message_id   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    message_id   VARBINARY(255) NOT NULL,
     exchange     VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     routing_key  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     properties   MEDIUMTEXT   CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
