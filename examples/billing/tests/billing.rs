@@ -65,6 +65,20 @@ async fn demo_passes_its_checks_on_postgres() {
     assert!(out.contains("PostgreSQL"), "{out}");
 }
 
+/// The MySQL/MariaDB server the tests use, as `mysql://.../` (no database).
+fn mysql_server() -> String {
+    std::env::var("WARREN_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/".into())
+}
+
+#[tokio::test]
+async fn demo_passes_its_checks_on_mysql() {
+    let url = format!("{}billing", mysql_server());
+    let (ok, out, err) = output(billing().args(["demo", "--database-url", &url])).await;
+    assert!(ok, "demo failed:\n{out}\n{err}");
+    assert!(out.contains("all checks passed"), "{out}");
+    assert!(out.contains("MySQL"), "{out}");
+}
+
 /// The certificates of `.ci/tls-setup`, or `None` (and a note) without them.
 #[allow(clippy::print_stderr)] // the note says why the test did nothing
 fn tls_dir() -> Option<std::path::PathBuf> {
@@ -406,6 +420,22 @@ async fn run_on_postgres_processes_a_realistic_batch_and_exits_cleanly() {
         .unwrap();
 }
 
+/// `billing run` on a MySQL database that does not exist yet: billing creates
+/// it.
+#[tokio::test]
+async fn run_on_mysql_processes_a_realistic_batch_and_exits_cleanly() {
+    let name = unique("billing_test").replace('-', "_");
+    let url = format!("{}{name}", mysql_server());
+    run_processes_a_realistic_batch(&url).await;
+    let admin = sqlx::MySqlPool::connect(&format!("{}information_schema", mysql_server()))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
 /// A short chaos campaign: three `billing run` processes, a stream of 3000
 /// invoices published over about a minute, and faults of every kind from a fixed
 /// seed; every invariant must hold. Restarts the shared broker, so it runs alone.
@@ -440,6 +470,12 @@ async fn chaos_campaign(database: Option<&str>) {
 #[ignore = "restarts the shared broker; run alone with --ignored --test-threads=1"]
 async fn chaos_campaign_on_postgres_holds_every_invariant() {
     chaos_campaign(Some(&pg_url())).await;
+}
+
+#[tokio::test]
+#[ignore = "restarts the shared broker; run alone with --ignored --test-threads=1"]
+async fn chaos_campaign_on_mysql_holds_every_invariant() {
+    chaos_campaign(Some(&format!("{}billing", mysql_server()))).await;
 }
 
 #[tokio::test]
