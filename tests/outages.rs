@@ -129,8 +129,9 @@ async fn mariadb_restart() {
         let gone = wait_for(Duration::from_secs(60), || async {
             !Command::new("pgrep")
                 .args(["-x", "mariadbd"])
-                .status()
+                .output()
                 .unwrap()
+                .status
                 .success()
         })
         .await;
