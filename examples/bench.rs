@@ -1,16 +1,17 @@
 //! Throughput of warren's consumer against a bare consumer, in one run.
 //!
 //! ```text
-//! cargo run --release --example bench -- [MESSAGES] [postgres://...]
+//! cargo run --release --features mysql --example bench -- [MESSAGES] [postgres://...] [mysql://.../]
 //! ```
 //!
-//! Publishes MESSAGES (default 20 000) to a fresh queue three times and drains
+//! Publishes MESSAGES (default 20 000) to a fresh queue four times and drains
 //! it with: a bare lapin consumer that touches no database and acks in batches
-//! of 100 (the ceiling), warren on SQLite, and warren on PostgreSQL. warren's
+//! of 100 (the ceiling), warren on SQLite, on PostgreSQL and on MySQL/MariaDB
+//! (a server URL ending in `/`; the bench creates a database of its own). warren's
 //! handler inserts one row; each message is one transaction with its inbox
 //! claim. Prints messages per second and each as a ratio of the bare consumer's,
-//! measured in this run on this machine. Needs RabbitMQ and PostgreSQL on
-//! localhost (or AMQP_URL and the URL argument).
+//! measured in this run on this machine. Needs RabbitMQ, PostgreSQL and
+//! MariaDB or MySQL on localhost (or AMQP_URL and the URL arguments).
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::sync::Arc;
@@ -30,6 +31,17 @@ use warren::{
 async fn record_sqlite(
     msg: Message<serde_json::Value>,
     tx: &mut Tx<Sqlite>,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO bench_effects (message_id) VALUES (?)")
+        .bind(&msg.meta.message_id)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+async fn record_mysql(
+    msg: Message<serde_json::Value>,
+    tx: &mut Tx<sqlx::MySql>,
 ) -> Result<(), HandlerError> {
     sqlx::query("INSERT INTO bench_effects (message_id) VALUES (?)")
         .bind(&msg.meta.message_id)
@@ -163,6 +175,10 @@ async fn main() {
         .get(2)
         .cloned()
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mysql_server = args
+        .get(3)
+        .cloned()
+        .unwrap_or_else(|| "mysql://root@127.0.0.1:3306/".into());
     let amqp = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let connection = Arc::new(warren::broker::connect(&amqp, "bench").await.unwrap());
@@ -236,12 +252,49 @@ async fn main() {
         .await
         .unwrap();
 
+    let database = format!("bench_{run}");
+    let admin = sqlx::MySqlPool::connect(&format!("{mysql_server}information_schema"))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let my = warren::MySqlStore::connect(&format!("{mysql_server}{database}"), 12)
+        .await
+        .unwrap();
+    my.migrate().await.unwrap();
+    sqlx::query(
+        "CREATE TABLE bench_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+         message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB",
+    )
+    .execute(my.pool())
+    .await
+    .unwrap();
+    let q = format!("bench-{run}-mysql");
+    let t = declare(&connection, &q).await;
+    fill(&publisher, &q, n).await;
+    let mysql_time = with_warren(
+        my,
+        Registry::new().route("bench.event.v1", 1, record_mysql),
+        &amqp,
+        &q,
+        n,
+    )
+    .await;
+    warren::broker::delete(&connection, &t).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     println!("{:<44} {:>10} {:>8}", "consumer", "msg/s", "ratio");
     for (name, d) in [
         ("bare lapin, no database, acks every 100", bare_time),
         ("warren on SQLite, one transaction per msg", sqlite_time),
         ("warren on PostgreSQL, one transaction per msg", pg_time),
+        ("warren on MySQL, one transaction per msg", mysql_time),
     ] {
         println!(
             "{name:<44} {:>10.0} {:>8.3}",

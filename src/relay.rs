@@ -27,6 +27,9 @@ use crate::store::{OutboxStore, StoreError};
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How often the backlog gauges are refreshed.
 const BACKLOG_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+/// The shortest wait between polls, right after a pass that found rows, on a
+/// database without notifications.
+const MIN_POLL: Duration = Duration::from_millis(50);
 /// How long closing the relay's connection may take.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// How long a stopping relay keeps publishing what is already committed.
@@ -161,6 +164,10 @@ impl<S: OutboxStore> Relay<S> {
         let mut last_housekeeping = Instant::now();
         let mut last_backlog_report: Option<Instant> = None;
         let mut stopping = None::<Instant>;
+        // Without notifications from other processes, the relay polls: soon
+        // after a pass that found rows (more are likely on the way), backing off
+        // to `poll_interval` while the outbox stays empty.
+        let mut poll_wait = self.config.poll_interval;
         loop {
             if publisher.is_none() {
                 match broker::connect_with_tls(
@@ -231,11 +238,18 @@ impl<S: OutboxStore> Relay<S> {
                 last_backlog_report = Some(Instant::now());
                 self.report_backlog().await;
             }
+            poll_wait = if listener.is_some() {
+                self.config.poll_interval
+            } else if taken > 0 {
+                MIN_POLL.min(self.config.poll_interval)
+            } else {
+                (poll_wait * 2).min(self.config.poll_interval)
+            };
             tokio::select! {
                 () = shutdown.as_mut() => stopping = Some(Instant::now()),
                 _ = wakeups.changed() => {}
                 () = wait_for_notification(&mut listener) => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = tokio::time::sleep(poll_wait) => {}
             }
         }
         if let Some((c, _)) = publisher {
