@@ -16,12 +16,12 @@
 //!   [`SqlDialect::listen`]);
 //! - how a dialect tells a refused claim ([`SqlDialect::is_refused_claim`]).
 //!
-//! A third backend fits by implementing [`SqlDialect`] on its sqlx database type.
-//! MySQL/MariaDB, for instance: `BEGIN` for both begins and `GET_LOCK` /
-//! `RELEASE_LOCK` around migrations; a claim that is a plain `INSERT` whose duplicate-key error 1062 is
-//! a refused claim; `@@in_transaction` as the pre-commit check (a deadlock rolls
-//! the transaction back under the handler); `FOR UPDATE SKIP LOCKED` to take a
-//! batch; no `LISTEN`, so no notify statement and no listener; having no
+//! MySQL/MariaDB (`mysql`) fits the same shape: `BEGIN` and, as
+//! [`Statements::after_begin`], a savepoint that the pre-commit check releases
+//! (it is gone if DDL or a deadlock ended the transaction); `GET_LOCK` /
+//! `RELEASE_LOCK` around migrations; a claim that is a plain `INSERT` whose
+//! duplicate-key error 1062 is a refused claim; `FOR UPDATE SKIP LOCKED` to take
+//! a batch; no `LISTEN`, so no notify statement and no listener; having no
 //! `RETURNING`, a [`Statements::solo_run_count`] query after the upsert; and
 //! plain `?` placeholders, which work because every statement binds its values
 //! in the order they appear.
