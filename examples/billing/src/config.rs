@@ -319,7 +319,7 @@ mod tests {
             ),
             (
                 Raw {
-                    database_url: Some("mysql://x".into()),
+                    database_url: Some("mongodb://x".into()),
                     ..Raw::default()
                 },
                 "database_url:",
