@@ -35,9 +35,15 @@ pub async fn gather<B: BillingDb>(
     connection: &Arc<warren::lapin::Connection>,
     names: &Names,
 ) -> Result<Report, String> {
-    let counts = B::counts(store, CONSUMER)
-        .await
-        .map_err(|e| e.to_string())?;
+    let counts = B::counts(store, CONSUMER).await.map_err(|e| {
+        if is_missing_table(&e) {
+            "billing has not run on this database yet (it has no billing tables): \
+             start `billing run` first, or check --database-url"
+                .to_owned()
+        } else {
+            e.to_string()
+        }
+    })?;
     let outbox = store.outbox_status().await.map_err(|e| e.to_string())?;
     let depth = |q: String| async move {
         warren::broker::inspect_queue(connection, &q)
@@ -90,4 +96,14 @@ pub fn print(report: &Report) {
     for (reason, n) in &report.dead_letters {
         println!("  {reason:<22} {n}");
     }
+}
+
+/// A query on a table that does not exist: PostgreSQL 42P01, MySQL 42S02 (error
+/// 1146), SQLite "no such table".
+fn is_missing_table(e: &warren::StoreError) -> bool {
+    let warren::StoreError::Database(sqlx::Error::Database(db)) = e else {
+        return false;
+    };
+    matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+        || db.message().starts_with("no such table")
 }

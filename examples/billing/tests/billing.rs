@@ -160,6 +160,47 @@ async fn tls_mistakes_stop_billing_with_a_message() {
     );
 }
 
+/// `billing status` on a database billing never ran on says so, on each store.
+#[tokio::test]
+async fn status_on_a_database_billing_never_used_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.db");
+    std::fs::File::create(&path).unwrap();
+    let sqlite = format!("sqlite://{}", path.display());
+    let name = unique("billing_empty").replace('-', "_");
+    let mysql = format!("{}{name}", mysql_server());
+    let pg_admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+        .execute(&pg_admin)
+        .await
+        .unwrap();
+    let pg = format!("{}?options=-c%20search_path%3D{name}", pg_url());
+    for url in [sqlite.as_str(), pg.as_str(), mysql.as_str()] {
+        let prefix = unique("billing-test");
+        let (ok, _, err) =
+            output(billing().args(["--database-url", url, "--prefix", prefix.as_str(), "status"]))
+                .await;
+        assert!(!ok, "{url}");
+        assert!(
+            err.contains("billing has not run on this database"),
+            "{url}: {err}"
+        );
+    }
+    let admin = sqlx::MySqlPool::connect(&format!("{}information_schema", mysql_server()))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name}"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {name} CASCADE")))
+        .execute(&pg_admin)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn bad_flag_values_stop_with_a_message() {
     let (ok, _, err) = output(billing().args(["--prefetch", "0", "status"])).await;
