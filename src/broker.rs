@@ -9,11 +9,13 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
+mod acks;
 pub(crate) mod browse;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod memory;
 mod port;
 mod publisher;
+pub mod ring;
 
 pub(crate) use port::{Delivery, Port, Subscription};
 pub use publisher::{BatchItem, Publisher};
@@ -122,6 +124,23 @@ pub enum BrokerError {
     /// An argument the caller gave cannot be used (e.g. a replay rate of 0).
     #[error("{0}")]
     InvalidArgument(String),
+    /// A partitioned consumer's hash ring no longer matches its partition
+    /// queues. Fatal: rebinding would move keys to other partitions.
+    #[error("{0}")]
+    RingBroken(String),
+    /// A broker plugin the topology needs is not enabled. Fatal.
+    #[error(
+        "the broker refused a {exchange_type:?} exchange ({detail}): the {plugin} plugin is not enabled. \
+         Enable it with `rabbitmq-plugins enable {plugin}` on every node, then start again"
+    )]
+    PluginMissing {
+        /// The plugin.
+        plugin: String,
+        /// The exchange type it provides.
+        exchange_type: String,
+        /// The broker's words.
+        detail: String,
+    },
 }
 
 impl BrokerError {
@@ -153,6 +172,17 @@ impl BrokerError {
     /// True for a TLS failure: a bad option or a certificate refused either way.
     pub fn is_tls(&self) -> bool {
         matches!(self, BrokerError::Tls(_))
+    }
+
+    /// True for what a reconnect cannot mend in the topology: a queue with
+    /// other arguments, a broken hash ring, a missing plugin.
+    pub fn is_fatal_topology(&self) -> bool {
+        matches!(
+            self,
+            BrokerError::TopologyDrift { .. }
+                | BrokerError::RingBroken(_)
+                | BrokerError::PluginMissing { .. }
+        )
     }
 }
 
@@ -277,6 +307,7 @@ fn field_table(arguments: &std::collections::BTreeMap<String, ArgValue>) -> Fiel
         let value = match v {
             ArgValue::Str(s) => AMQPValue::LongString(s.as_str().into()),
             ArgValue::Int(i) => AMQPValue::LongLongInt(*i),
+            ArgValue::Bool(b) => AMQPValue::Boolean(*b),
         };
         table.insert(k.as_str().into(), value);
     }
@@ -323,7 +354,15 @@ async fn declare_queue(channel: &Channel, queue: &QueueSpec) -> Result<(), Broke
 /// Declares `topology` idempotently: durable exchanges, durable queues with their
 /// arguments, and bindings. Declaring what already exists with the same arguments
 /// changes nothing.
+///
+/// A partitioned topology (with a [`Ring`](crate::topology::Ring)) needs
+/// passive checks that close channels: declare it with [`declare_on`].
 pub async fn declare(channel: &Channel, topology: &Topology) -> Result<(), BrokerError> {
+    if topology.ring.is_some() {
+        return Err(BrokerError::InvalidArgument(
+            "a partitioned topology is declared with broker::declare_on".into(),
+        ));
+    }
     for exchange in &topology.exchanges {
         let kind = match exchange.kind {
             ExchangeKind::Topic => lapin::ExchangeKind::Topic,
@@ -412,12 +451,18 @@ pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), 
         .await;
         close_channel(&channel, "deleted").await;
     }
-    for e in &topology.exchanges {
+    let ring = topology.ring.iter().map(|r| r.exchange.as_str());
+    for e in topology
+        .exchanges
+        .iter()
+        .map(|e| e.name.as_str())
+        .chain(ring)
+    {
         let channel = deadline("opening a channel", connection.create_channel()).await?;
         let _ = deadline(
             "an exchange deletion",
             channel.exchange_delete(
-                short("exchange name", &e.name)?,
+                short("exchange name", e)?,
                 lapin::options::ExchangeDeleteOptions::default(),
             ),
         )
@@ -428,12 +473,26 @@ pub async fn delete(connection: &Connection, topology: &Topology) -> Result<(), 
 }
 
 /// Declares `topology` on a channel of its own, closed afterwards.
-pub(crate) async fn declare_on(
-    connection: &Connection,
-    topology: &Topology,
-) -> Result<(), BrokerError> {
+///
+/// A partitioned topology's hash exchange is checked first (see
+/// [`ring::check`]): if it exists, every partition queue must too; if not, it
+/// is created and bound after the queues, once, in partition order.
+pub async fn declare_on(connection: &Connection, topology: &Topology) -> Result<(), BrokerError> {
+    let fresh = match &topology.ring {
+        Some(r) => ring::check(connection, r).await?,
+        None => false,
+    };
+    let plain = Topology {
+        ring: None,
+        ..topology.clone()
+    };
     let channel = deadline("opening a channel", connection.create_channel()).await?;
-    let declared = declare(&channel, topology).await;
+    let mut declared = declare(&channel, &plain).await;
+    if declared.is_ok()
+        && let Some(r) = &topology.ring
+    {
+        declared = ring::declare(&channel, r, fresh).await;
+    }
     close_channel(&channel, "topology declared").await;
     declared
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::config_error::ConfigError;
 use crate::envelope::DEFAULT_MAX_BODY_BYTES;
+use crate::partition::{MAX_PARTITIONS, Partitioning, partition_queue_name};
 use crate::retry::RetryPolicy;
 use crate::tls::TlsOptions;
 use crate::topology::{
@@ -12,12 +13,21 @@ use crate::topology::{
 };
 
 mod builder;
+mod isolation;
 pub use builder::ConsumerConfigBuilder;
+pub use isolation::{BatchIsolation, MAX_SUBTRANSACTIONS};
 
 /// Default number of unacknowledged deliveries the broker may push to one consumer.
 pub const DEFAULT_PREFETCH: u16 = 32;
 /// Default number of messages processed at once.
 pub const DEFAULT_CONCURRENCY: usize = 8;
+/// Default largest number of deliveries applied in one database transaction.
+pub const DEFAULT_BATCH_SIZE: usize = 32;
+/// Default wall time after which a batch stops taking its next message and
+/// commits what it applied: bounds how long one batch holds a SQLite write lock.
+pub const DEFAULT_BATCH_TIME_LIMIT: Duration = Duration::from_millis(100);
+/// The largest batch size accepted.
+pub const MAX_BATCH_SIZE: usize = 1000;
 /// Default time in-flight messages get to finish after shutdown is requested.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default deadline of a suspect's solo run: past it, the run counts like a crash.
@@ -68,8 +78,14 @@ pub struct ConsumerConfig {
     pub(crate) queue_type: QueueType,
     /// Broker prefetch (unacknowledged deliveries in flight to this consumer).
     pub(crate) prefetch: u16,
-    /// Messages processed at once.
+    /// Batches (database transactions) processed at once.
     pub(crate) concurrency: usize,
+    /// Largest number of already-buffered deliveries applied in one transaction.
+    pub(crate) batch_size: usize,
+    /// Wall time after which a batch commits what it applied so far.
+    pub(crate) batch_time_limit: Duration,
+    /// How one message's failure is kept from the others of its batch.
+    pub(crate) batch_isolation: BatchIsolation,
     /// Largest accepted body, in bytes.
     pub(crate) max_body_bytes: usize,
     /// How long in-flight messages may take to finish after shutdown is requested.
@@ -92,6 +108,82 @@ pub struct ConsumerConfig {
     /// CA, a client certificate). Ignored by `amqp://` URLs, unless set: then the
     /// connect fails rather than run unencrypted.
     pub(crate) tls: TlsOptions,
+    /// Partition queues behind a consistent-hash exchange, if partitioned.
+    pub(crate) partitions: Option<Partitioning>,
+    /// Set on the configuration of one partition queue: which one it is.
+    pub(crate) seat: Option<Seat>,
+    /// The broker's hash exchange routes as warren predicts, so every delivery
+    /// is checked against its partition.
+    pub(crate) hash_verified: bool,
+    /// What puts deliveries in the same ordered lane, if anything.
+    pub(crate) lanes: Option<LaneKey>,
+    /// How long a strict-sequence gap may wait for the versions before it.
+    pub(crate) gap_patience: Option<Duration>,
+}
+
+/// One partition queue's place among the others: its number, and the queue
+/// every partition queue is named after, so that a delivery that belongs in
+/// another partition can be sent there.
+#[derive(Debug, Clone)]
+pub(crate) struct Seat {
+    pub(crate) index: u32,
+    pub(crate) base_queue: String,
+}
+
+impl Seat {
+    /// The queue of partition `index` among this one's.
+    pub(crate) fn queue_of(&self, index: u32) -> String {
+        partition_queue_name(&self.base_queue, index)
+    }
+}
+
+/// What decides that two deliveries belong to the same entity and must run one
+/// after the other, in the order they arrived.
+#[derive(Clone)]
+pub enum LaneKey {
+    /// The value of this AMQP header (a string).
+    Header(String),
+    /// A function of the delivery; `None` puts it in no lane.
+    Function(LaneFn),
+}
+
+impl std::fmt::Debug for LaneKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaneKey::Header(h) => f.debug_tuple("Header").field(h).finish(),
+            LaneKey::Function(_) => f.write_str("Function(..)"),
+        }
+    }
+}
+
+/// A function that puts a delivery in a lane (`Some(key)`) or in none.
+pub type LaneFn = std::sync::Arc<dyn Fn(&LaneInput<'_>) -> Option<String> + Send + Sync>;
+
+/// What a lane function sees of a delivery, before it is parsed.
+#[derive(Debug)]
+pub struct LaneInput<'a> {
+    pub(crate) headers: Option<&'a lapin::types::FieldTable>,
+    pub(crate) routing_key: &'a str,
+    pub(crate) body: &'a [u8],
+}
+
+impl<'a> LaneInput<'a> {
+    /// A header's value, if it is a string.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .and_then(|h| crate::amqp::header_str(h, name))
+            .map(|c| c.into_owned())
+    }
+
+    /// The routing key it was published with.
+    pub fn routing_key(&self) -> &str {
+        self.routing_key
+    }
+
+    /// The raw body (the envelope's JSON).
+    pub fn body(&self) -> &[u8] {
+        self.body
+    }
 }
 
 impl ConsumerConfig {
@@ -109,6 +201,9 @@ impl ConsumerConfig {
                 queue_type: QueueType::default(),
                 prefetch: DEFAULT_PREFETCH,
                 concurrency: DEFAULT_CONCURRENCY,
+                batch_size: DEFAULT_BATCH_SIZE,
+                batch_time_limit: DEFAULT_BATCH_TIME_LIMIT,
+                batch_isolation: BatchIsolation::Replay,
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
                 retry: RetryPolicy::default(),
@@ -118,6 +213,11 @@ impl ConsumerConfig {
                 timeout_warning_share: 0.5,
                 solo_timeout: DEFAULT_SOLO_TIMEOUT,
                 tls: TlsOptions::default(),
+                partitions: None,
+                seat: None,
+                hash_verified: false,
+                lanes: None,
+                gap_patience: None,
             },
         }
     }
@@ -165,9 +265,33 @@ impl ConsumerConfig {
         self.prefetch
     }
 
-    /// How many messages are processed at once.
+    /// How many batches (each one database transaction) are processed at once.
     pub fn concurrency(&self) -> usize {
         self.concurrency
+    }
+
+    /// The largest number of deliveries applied in one transaction: the
+    /// configured batch size, never more than the prefetch, and with
+    /// savepoints never more than the subtransactions allow.
+    pub fn batch_size(&self) -> usize {
+        let size = self.batch_size.min(usize::from(self.prefetch)).max(1);
+        match self.batch_isolation {
+            BatchIsolation::Replay => size,
+            BatchIsolation::Savepoints { handler_savepoints } => {
+                let per_message = handler_savepoints.saturating_add(1);
+                size.min((MAX_SUBTRANSACTIONS / per_message).max(1) as usize)
+            }
+        }
+    }
+
+    /// How one message's failure is kept from the others of its batch.
+    pub fn batch_isolation(&self) -> BatchIsolation {
+        self.batch_isolation
+    }
+
+    /// The wall time after which a batch commits what it applied so far.
+    pub fn batch_time_limit(&self) -> Duration {
+        self.batch_time_limit
     }
 
     /// The largest accepted body, in bytes.
@@ -198,6 +322,61 @@ impl ConsumerConfig {
     /// The broker's `consumer_timeout` this consumer assumes.
     pub fn consumer_timeout(&self) -> Duration {
         self.consumer_timeout
+    }
+
+    /// The partitioning, if the consumer is partitioned.
+    pub fn partitions(&self) -> Option<&Partitioning> {
+        self.partitions.as_ref()
+    }
+
+    /// The partition queues' names, in partition order (empty if not
+    /// partitioned).
+    pub fn partition_queues(&self) -> Vec<String> {
+        match &self.partitions {
+            Some(p) => (0..p.count)
+                .map(|i| partition_queue_name(&self.queue, i))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// What puts deliveries in ordered lanes: the configured key, or for a
+    /// partitioned consumer its partition header.
+    pub fn lanes(&self) -> Option<LaneKey> {
+        self.lanes.clone().or_else(|| {
+            self.partitions
+                .as_ref()
+                .map(|p| LaneKey::Header(p.header.clone()))
+        })
+    }
+
+    /// How long a strict-sequence gap waits for the versions before it before
+    /// the message is dead-lettered as `version-gap`: the configured value, or
+    /// twice the retry horizon, at least a minute, so that a predecessor can go
+    /// through its whole retry ladder first.
+    pub fn gap_patience(&self) -> Duration {
+        self.gap_patience.unwrap_or_else(|| {
+            self.retry
+                .horizon()
+                .saturating_mul(2)
+                .max(Duration::from_secs(60))
+        })
+    }
+
+    /// The configuration of partition `index`: its own queue, retry tiers and
+    /// dead-letter queue, bound to nothing (the hash exchange's bindings are
+    /// declared once, by the partitioned consumer).
+    pub(crate) fn for_partition(&self, index: u32) -> Self {
+        let mut config = self.clone();
+        config.queue = partition_queue_name(&self.queue, index);
+        config.exchange = None;
+        config.binding_keys = Vec::new();
+        config.stand_ins = Vec::new();
+        config.seat = Some(Seat {
+            index,
+            base_queue: self.queue.clone(),
+        });
+        config
     }
 
     /// The dead-letter queue's name.
@@ -252,6 +431,30 @@ impl ConsumerConfig {
                 ),
             );
         }
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return fail(
+                "batch size",
+                format!(
+                    "must be 1 to {MAX_BATCH_SIZE}, got {} (1 turns batching off)",
+                    self.batch_size
+                ),
+            );
+        }
+        if let BatchIsolation::Savepoints { handler_savepoints } = self.batch_isolation
+            && handler_savepoints >= MAX_SUBTRANSACTIONS
+        {
+            return fail(
+                "batch isolation",
+                format!(
+                    "a handler that opens {handler_savepoints} savepoints per message leaves no \
+                     room in PostgreSQL's {MAX_SUBTRANSACTIONS} cached subtransactions; use \
+                     BatchIsolation::Replay"
+                ),
+            );
+        }
+        if self.batch_time_limit.is_zero() {
+            return fail("batch time limit", "must be above zero".into());
+        }
         self.retry.validate()?;
         if !(self.timeout_warning_share > 0.0 && self.timeout_warning_share <= 1.0) {
             return fail(
@@ -271,6 +474,55 @@ impl ConsumerConfig {
         if self.max_body_bytes == 0 {
             return fail("max body size", "must be at least 1 byte".into());
         }
+        if let Some(p) = &self.partitions {
+            if !(1..=MAX_PARTITIONS).contains(&p.count) {
+                return fail(
+                    "partitions",
+                    format!("must be 1 to {MAX_PARTITIONS}, got {}", p.count),
+                );
+            }
+            if p.exchange.trim().is_empty() || p.exchange.len() > 200 {
+                return fail(
+                    "partition exchange",
+                    format!("must be 1 to 200 bytes, got {:?}", p.exchange),
+                );
+            }
+            if self.exchange.as_deref() == Some(p.exchange.as_str()) {
+                return fail(
+                    "partition exchange",
+                    "must differ from the exchange the consumer binds to".into(),
+                );
+            }
+            if p.header.trim().is_empty() || p.header.len() > 255 {
+                return fail(
+                    "partition header",
+                    format!("must be 1 to 255 bytes, got {:?}", p.header),
+                );
+            }
+            if p.lease_ttl < Duration::from_secs(1) {
+                return fail(
+                    "partition lease",
+                    format!("must be at least 1 s, got {:?}", p.lease_ttl),
+                );
+            }
+        }
+        if let Some(LaneKey::Header(h)) = &self.lanes
+            && h.trim().is_empty()
+        {
+            return fail("lane header", "must not be empty".into());
+        }
+        if let Some(patience) = self.gap_patience
+            && patience <= self.retry.horizon()
+        {
+            return fail(
+                "gap patience",
+                format!(
+                    "must outlast the retry horizon ({:?}), got {patience:?}: a version waiting \
+                     for one that is still retrying would be dead-lettered first",
+                    self.retry.horizon()
+                ),
+            );
+        }
         Ok(())
     }
 }
@@ -287,6 +539,7 @@ impl ConsumerConfig {
             delivery_limit: backstop_delivery_limit(self.prefetch, self.retry.poison_limit()),
             outgoing: self.outgoing.clone(),
             stand_ins: self.stand_ins.clone(),
+            single_active_consumer: self.seat.is_some(),
         }
     }
 }
@@ -303,8 +556,58 @@ fn backstop_delivery_limit(prefetch: u16, poison_limit: u32) -> i64 {
 impl Topology {
     /// The topology of one consumer: [`Topology::for_queue`] of its
     /// [`layout`](ConsumerConfig::layout).
+    ///
+    /// A partitioned consumer's topology holds its exchanges, every partition's
+    /// queues (main with single active consumer, tiers, dead-letter queue), the
+    /// stand-ins, and the [`Ring`](crate::topology::Ring) that binds them.
     pub fn for_consumer(config: &ConsumerConfig) -> Self {
-        Topology::for_queue(&config.layout())
+        let Some(partitions) = &config.partitions else {
+            return Topology::for_queue(&config.layout());
+        };
+        let mut layout = config.layout();
+        layout.exchange = None;
+        layout.binding_keys = Vec::new();
+        let shared = Topology::for_queue(&QueueLayout {
+            queue: String::new(),
+            tiers: Vec::new(),
+            ..layout
+        });
+        let mut topology = Topology {
+            exchanges: shared.exchanges,
+            queues: shared
+                .queues
+                .into_iter()
+                .filter(|q| config.stand_ins.iter().any(|s| s.queue == q.name))
+                .collect(),
+            bindings: shared.bindings,
+            ring: None,
+        };
+        if let Some(source) = &config.exchange
+            && !topology.exchanges.iter().any(|e| &e.name == source)
+        {
+            topology.exchanges.insert(
+                0,
+                crate::topology::ExchangeSpec {
+                    name: source.clone(),
+                    kind: crate::topology::ExchangeKind::Topic,
+                },
+            );
+        }
+        for index in 0..partitions.count {
+            let part = config.for_partition(index).layout();
+            topology.queues.extend(Topology::for_queue(&part).queues);
+        }
+        topology.ring = Some(crate::topology::Ring {
+            exchange: partitions.exchange.clone(),
+            header: partitions.header.clone(),
+            queues: config.partition_queues(),
+            next_queue: partition_queue_name(&config.queue, partitions.count),
+            source: config
+                .exchange
+                .clone()
+                .map(|e| (e, config.binding_keys.clone())),
+        });
+        topology
     }
 }
 

@@ -10,15 +10,22 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::Error;
+
+mod partitioned;
+use crate::broker::Delivery;
 use crate::broker::{self, Backoff, Port, Publisher, Subscription};
 use crate::config::ConsumerConfig;
 use crate::config_error::ConfigError;
-use crate::dispatcher::{Dispatcher, SoloBarrier};
+use crate::dispatcher::lanes::Lanes;
+use crate::dispatcher::{Batch, Dispatcher, SoloBarrier, Work};
 use crate::failpoint;
 use crate::headers::Signer;
 use crate::pipeline::Pipeline;
 use crate::registry::Registry;
-use crate::session::{STABLE_SESSION, Session, SessionEnd, drain, is_fatal, log_task_end, monitor};
+use crate::session::{
+    ConnectionPair, STABLE_SESSION, Session, SessionEnd, SharedConnections, drain, is_fatal,
+    log_task_end, monitor,
+};
 use crate::store::Store;
 use crate::telemetry::{StatsHandle, Telemetry};
 use crate::topology::Topology;
@@ -27,6 +34,9 @@ use crate::topology::Topology;
 /// [`run`](Self::run).
 pub struct Consumer<S: Store> {
     pub(crate) inner: Arc<Pipeline<S>>,
+    /// Set on a partition's consumer: the connections of its partitioned
+    /// consumer, shared with the other partitions.
+    pub(crate) shared: Option<SharedConnections>,
 }
 
 impl<S: Store> Consumer<S> {
@@ -45,7 +55,9 @@ impl<S: Store> Consumer<S> {
                 telemetry,
                 signer: OnceLock::new(),
                 barrier: SoloBarrier::process(),
+                forwarded: Default::default(),
             }),
+            shared: None,
         }
     }
 
@@ -131,7 +143,8 @@ impl<S: Store> Consumer<S> {
         }
     }
 
-    /// Consumes, reconnecting as needed, until `shutdown`; then drains.
+    /// Consumes, reconnecting as needed, until `shutdown`; then drains. A
+    /// partitioned consumer consumes the partitions it holds a lease on.
     pub(crate) async fn consume_until<F>(
         &self,
         amqp_url: &str,
@@ -140,8 +153,25 @@ impl<S: Store> Consumer<S> {
     where
         F: Future<Output = ()> + Send,
     {
+        let permits = Arc::new(Semaphore::new(self.inner.config.concurrency));
+        if self.inner.config.partitions.is_some() {
+            return self.consume_partitions(amqp_url, shutdown, permits).await;
+        }
+        self.consume_queue(amqp_url, shutdown, permits).await
+    }
+
+    /// Consumes the one queue of this pipeline, reconnecting as needed, until
+    /// `shutdown`; then drains. `permits` bound the messages processed at once.
+    pub(crate) async fn consume_queue<F>(
+        &self,
+        amqp_url: &str,
+        shutdown: &mut std::pin::Pin<&mut F>,
+        permits: Arc<Semaphore>,
+    ) -> Result<(), Error>
+    where
+        F: Future<Output = ()> + Send,
+    {
         let config = &self.inner.config;
-        let permits = Arc::new(Semaphore::new(config.concurrency));
         let mut in_flight = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
         loop {
@@ -180,8 +210,18 @@ impl<S: Store> Consumer<S> {
                     // Draining: stop the flow first, so nothing new arrives while
                     // in-flight work finishes. Deliveries buffered but not started
                     // stay unacked and return to the queue when the channel closes.
+                    //
+                    // Not on a partition queue: there the next owner may be
+                    // subscribed already (it took a lease this instance lost
+                    // while stalled), kept waiting by single active consumer
+                    // only while this subscription stands. Cancelled first, it
+                    // would start on the deliveries after those still running
+                    // or buffered here, out of order; closed after the drain,
+                    // it starts with what comes back.
                     tracing::info!(in_flight = in_flight.len(), "draining");
-                    session.subscription.cancel().await;
+                    if config.seat.is_none() {
+                        session.subscription.cancel().await;
+                    }
                     drain(&mut in_flight, config.shutdown_timeout).await;
                     session.close().await;
                     break;
@@ -213,26 +253,51 @@ impl<S: Store> Consumer<S> {
     /// the topology, and subscribes.
     async fn open_session(&self, amqp_url: &str) -> Result<Session, Error> {
         let config = &self.inner.config;
-        let tls = &config.tls;
-        let consume = Arc::new(
-            broker::connect_with_tls(amqp_url, &format!("warren consumer {}", config.name), tls)
+        let connect = async || -> Result<ConnectionPair, Error> {
+            let tls = &config.tls;
+            let consume = Arc::new(
+                broker::connect_with_tls(
+                    amqp_url,
+                    &format!("warren consumer {}", config.name),
+                    tls,
+                )
                 .await?,
-        );
-        let publish = match broker::connect_with_tls(
-            amqp_url,
-            &format!("warren publisher {}", config.name),
-            tls,
-        )
-        .await
-        {
-            Ok(c) => Arc::new(c),
-            Err(e) => {
-                broker::close_connection(&consume, "publisher failed").await;
-                return Err(e.into());
+            );
+            match broker::connect_with_tls(
+                amqp_url,
+                &format!("warren publisher {}", config.name),
+                tls,
+            )
+            .await
+            {
+                Ok(publish) => Ok((consume, Arc::new(publish))),
+                Err(e) => {
+                    broker::close_connection(&consume, "publisher failed").await;
+                    Err(e.into())
+                }
             }
         };
+        let (consume, publish) = match &self.shared {
+            Some(shared) => shared.get(connect).await?,
+            None => connect().await?,
+        };
+        let owns_connections = self.shared.is_none();
         let opened = async {
-            broker::declare_on(&consume, &self.topology()).await?;
+            if config.seat.is_some() {
+                // A partition queue is never declared here: one that is gone
+                // took its hash binding with it, and declaring it again
+                // would leave it unbound while the ring renumbered.
+                if !broker::ring::queue_recovered(&consume, &config.queue).await? {
+                    return Err(broker::BrokerError::RingBroken(format!(
+                        "partition queue {:?} is gone; its hash binding went with it. Stop every \
+                         instance, drain the partition queues, delete the hash exchange, and start \
+                         again (README, \"Changing the partition count\")",
+                        config.queue
+                    )));
+                }
+            } else {
+                broker::declare_on(&consume, &self.topology()).await?;
+            }
             let tag = format!("warren.{}.{}", config.name, uuid::Uuid::now_v7());
             Subscription::open(&consume, &config.queue, config.prefetch, &tag).await
         }
@@ -240,8 +305,10 @@ impl<S: Store> Consumer<S> {
         let subscription = match opened {
             Ok(s) => s,
             Err(e) => {
-                broker::close_connection(&consume, "setup failed").await;
-                broker::close_connection(&publish, "setup failed").await;
+                if owns_connections {
+                    broker::close_connection(&consume, "setup failed").await;
+                    broker::close_connection(&publish, "setup failed").await;
+                }
                 return Err(e.into());
             }
         };
@@ -265,6 +332,7 @@ impl<S: Store> Consumer<S> {
         Ok(Session {
             consume,
             publish,
+            owns_connections,
             subscription,
             port,
             lost,
@@ -272,10 +340,10 @@ impl<S: Store> Consumer<S> {
         })
     }
 
-    /// Takes deliveries until shutdown or until the session is lost. A delivery
-    /// is taken from the broker's buffer only when a worker is free, so at most
-    /// `concurrency` messages are processed at once; the dispatcher decides what
-    /// runs next.
+    /// Takes deliveries until shutdown or until the session is lost. Deliveries
+    /// are taken from the broker's buffer only when a worker is free, so at most
+    /// `concurrency` batches are processed at once; the dispatcher decides what
+    /// runs next, from what the broker has already sent.
     async fn consume<F>(
         &self,
         session: &mut Session,
@@ -286,7 +354,11 @@ impl<S: Store> Consumer<S> {
     where
         F: Future<Output = ()> + Send,
     {
-        let mut dispatcher = Dispatcher::new(1);
+        let mut dispatcher =
+            Dispatcher::new(self.inner.config.batch_size(), self.inner.config.lanes());
+        let lanes = Arc::new(Lanes::default());
+        // Whatever ends the session, lanes take nothing more from it.
+        let _close_lanes = CloseOnDrop(Arc::clone(&lanes));
         loop {
             if !self.inner.telemetry.stats().health().database {
                 // Pause intake: a delivery taken now could only be returned.
@@ -294,35 +366,63 @@ impl<S: Store> Consumer<S> {
                     return end;
                 }
             }
-            let permit = tokio::select! {
+            let mut permit = Some(tokio::select! {
                 biased;
                 () = shutdown.as_mut() => return SessionEnd::Shutdown,
                 () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
                 permit = Arc::clone(permits).acquire_owned() => permit.expect("semaphore is never closed"),
-            };
-            let next = tokio::select! {
-                biased;
-                () = shutdown.as_mut() => return SessionEnd::Shutdown,
-                () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
-                next = session.subscription.next() => next,
-            };
-            match next {
-                Some(Ok(delivery)) => dispatcher.push(delivery),
-                Some(Err(e)) => return SessionEnd::Lost(e.to_string()),
-                None => {
-                    return SessionEnd::Lost(
-                        "the broker ended the subscription (queue deleted or connection closed)"
-                            .into(),
-                    );
+            });
+            if dispatcher.buffered() == 0 {
+                let next = tokio::select! {
+                    biased;
+                    () = shutdown.as_mut() => return SessionEnd::Shutdown,
+                    () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
+                    next = session.subscription.next() => next,
+                };
+                match next {
+                    Some(Ok(delivery)) => dispatcher.push(delivery),
+                    Some(Err(e)) => return SessionEnd::Lost(e.to_string()),
+                    None => {
+                        return SessionEnd::Lost(
+                            "the broker ended the subscription (queue deleted or connection closed)"
+                                .into(),
+                        );
+                    }
                 }
             }
-            if let Some(batch) = dispatcher.next_batch() {
+            // What else the broker already sent joins, never waiting for more.
+            while dispatcher.buffered() < dispatcher.batch_size() {
+                match session.subscription.next_buffered().await {
+                    Some(Ok(delivery)) => dispatcher.push(delivery),
+                    Some(Err(e)) => return SessionEnd::Lost(e.to_string()),
+                    None => break,
+                }
+            }
+            // A delivery queued behind its lane's running one needs no worker:
+            // the permit goes to the next work.
+            while let Some(work) = permit.is_some().then(|| dispatcher.next()).flatten() {
                 let pipeline = Arc::clone(&self.inner);
                 let port = Arc::clone(&session.port);
-                in_flight.spawn(async move {
-                    pipeline.run(port.as_ref(), batch).await;
-                    drop(permit);
-                });
+                match work {
+                    Work::Lane(key, delivery) => match lanes.enter(&key, *delivery) {
+                        Some(first) => {
+                            let lanes = Arc::clone(&lanes);
+                            let permit = permit.take();
+                            in_flight.spawn(async move {
+                                run_lane(&pipeline, port.as_ref(), &lanes, &key, first).await;
+                                drop(permit);
+                            });
+                        }
+                        None => self.inner.telemetry.lane_waiting(1),
+                    },
+                    Work::Batch(batch) => {
+                        let permit = permit.take();
+                        in_flight.spawn(async move {
+                            pipeline.run(port.as_ref(), batch).await;
+                            drop(permit);
+                        });
+                    }
+                }
             }
             while let Some(done) = in_flight.try_join_next() {
                 log_task_end(done);
@@ -352,5 +452,39 @@ impl<S: Store> Consumer<S> {
                 () = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
+    }
+}
+
+/// Runs `key`'s lane from `first` until it is empty or its session ended.
+async fn run_lane<S: Store>(
+    pipeline: &Pipeline<S>,
+    port: &dyn Port,
+    lanes: &Lanes,
+    key: &str,
+    first: Delivery,
+) {
+    let mut current = first;
+    loop {
+        pipeline.run(port, Batch::of(current)).await;
+        let (next, dropped) = lanes.next(key);
+        if dropped > 0 {
+            pipeline.telemetry.lane_waiting(-(dropped as i64));
+        }
+        match next {
+            Some(delivery) => {
+                pipeline.telemetry.lane_waiting(-1);
+                current = delivery;
+            }
+            None => return,
+        }
+    }
+}
+
+/// Closes the lanes of a session when it ends, however it ends.
+struct CloseOnDrop(Arc<Lanes>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }

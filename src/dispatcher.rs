@@ -1,20 +1,25 @@
-//! Which buffered deliveries run next, and which of them an ack may cover.
+//! Which buffered deliveries run next.
 //!
 //! The dispatcher is the one owner of scheduling. It takes deliveries in the
-//! order the broker sent them and hands out batches; the policies that later
-//! work fills in live here: the solo barrier for suspects (a redelivery runs
-//! alone, see [`barrier`]), lanes by key (one entity's messages in order), and
-//! the batch former (several messages in one transaction). Today: a suspect is
-//! a batch of its own that runs alone; other batches hold one delivery.
+//! order the broker sent them and hands out work:
+//! - a suspect (a redelivery) is a batch of its own that runs alone (see
+//!   [`barrier`]);
+//! - a delivery with a lane key goes to its lane (see [`lanes`]): one entity's
+//!   messages run one at a time, in order;
+//! - every other delivery joins a batch: the deliveries already buffered, up to
+//!   the batch size, applied in one database transaction. A batch never waits
+//!   for more, never holds a suspect and never holds a lane's delivery.
 //!
-//! The [`AckWatermark`] says how far an ack with `multiple` may reach: never past
-//! a delivery that is still held, retrying or waiting.
+//! Acks for a batch are planned by the broker port's ack watermark: one ack with
+//! `multiple` only below every delivery still open.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use crate::broker::Delivery;
+use crate::config::LaneKey;
 
 pub(crate) mod barrier;
+pub(crate) mod lanes;
 pub(crate) use barrier::SoloBarrier;
 
 /// Deliveries that run together.
@@ -37,6 +42,15 @@ impl Batch {
     }
 }
 
+/// What runs next.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// A batch, or a suspect alone.
+    Batch(Batch),
+    /// A delivery for the lane of this key.
+    Lane(String, Box<Delivery>),
+}
+
 /// A redelivery may be what killed the last process that held it. The broker's
 /// `redelivered` flag decides, not a delivery-count header: a producer can forge
 /// a header, not the flag.
@@ -44,106 +58,69 @@ pub(crate) fn is_suspect(delivery: &Delivery) -> bool {
     delivery.redelivered
 }
 
-/// Buffers deliveries and forms the batches that run next.
+/// Buffers deliveries and forms the work that runs next.
 #[derive(Debug)]
 pub(crate) struct Dispatcher {
     batch_size: usize,
-    buffered: VecDeque<Delivery>,
+    lanes: Option<LaneKey>,
+    /// With each delivery, its lane key, if it has one.
+    buffered: VecDeque<(Delivery, Option<String>)>,
 }
 
 impl Dispatcher {
-    /// A dispatcher that forms batches of at most `batch_size` (at least 1).
-    pub(crate) fn new(batch_size: usize) -> Self {
+    /// A dispatcher that forms batches of at most `batch_size` (at least 1) and
+    /// puts deliveries in lanes by `lanes`, if set.
+    pub(crate) fn new(batch_size: usize, lanes: Option<LaneKey>) -> Self {
         Self {
             batch_size: batch_size.max(1),
+            lanes,
             buffered: VecDeque::new(),
         }
     }
 
     /// Buffers a delivery, in the order the broker sent it.
     pub(crate) fn push(&mut self, delivery: Delivery) {
-        self.buffered.push_back(delivery);
-    }
-
-    /// The next batch from what is already buffered, oldest first, never waiting
-    /// for more; `None` when nothing is buffered. A suspect is always a batch of
-    /// its own, and ends the batch of ordinary deliveries before it.
-    pub(crate) fn next_batch(&mut self) -> Option<Batch> {
-        let first = self.buffered.pop_front()?;
-        if is_suspect(&first) {
-            return Some(Batch::of(first));
-        }
-        let mut deliveries = vec![first];
-        while deliveries.len() < self.batch_size
-            && self.buffered.front().is_some_and(|d| !is_suspect(d))
-        {
-            deliveries.extend(self.buffered.pop_front());
-        }
-        Some(Batch {
-            deliveries,
-            alone: false,
-        })
+        let lane = self
+            .lanes
+            .as_ref()
+            .and_then(|k| lanes::key_of(k, &delivery));
+        self.buffered.push_back((delivery, lane));
     }
 
     /// Deliveries buffered and not yet handed out.
-    #[cfg(test)]
-    fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.buffered.len()
     }
-}
 
-/// Tracks, per channel, the delivery tags handed out and the ones whose outcome
-/// is recorded, and answers how far an ack with `multiple` may reach.
-///
-/// With batches of one, every delivery is acked on its own as it settles; the
-/// batch former acks through this instead.
-#[derive(Debug, Default)]
-pub(crate) struct AckWatermark {
-    /// Delivered, outcome not yet recorded.
-    open: BTreeSet<u64>,
-    /// Outcome recorded, not yet acked.
-    settled: BTreeSet<u64>,
-    /// Every tag up to here is acked.
-    acked_through: u64,
-}
-
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "acks with `multiple` come with the batch former")
-)]
-impl AckWatermark {
-    /// A delivery with `tag` arrived. Tags grow along a channel.
-    pub(crate) fn delivered(&mut self, tag: u64) {
-        debug_assert!(tag > self.acked_through, "tags only grow");
-        self.open.insert(tag);
+    /// The largest batch this dispatcher forms.
+    pub(crate) fn batch_size(&self) -> usize {
+        self.batch_size
     }
 
-    /// The outcome of `tag` is recorded (committed, or its copy confirmed): it
-    /// may be acked.
-    pub(crate) fn settled(&mut self, tag: u64) {
-        if self.open.remove(&tag) {
-            self.settled.insert(tag);
+    /// The next work from what is already buffered, oldest first, never waiting
+    /// for more; `None` when nothing is buffered. A suspect is always a batch of
+    /// its own; it and a lane's delivery end the batch before them.
+    pub(crate) fn next(&mut self) -> Option<Work> {
+        let (first, lane) = self.buffered.pop_front()?;
+        if let Some(key) = lane {
+            return Some(Work::Lane(key, Box::new(first)));
         }
-    }
-
-    /// The ack to send now: the highest settled tag below every open one, as
-    /// `(tag, multiple)`, or `None` when there is nothing to ack yet. `multiple`
-    /// is set only when the ack covers more than one settled delivery and no
-    /// open one. Settled tags above an open one wait for it.
-    pub(crate) fn next_ack(&mut self) -> Option<(u64, bool)> {
-        let lowest_open = self.open.first().copied().unwrap_or(u64::MAX);
-        let covered: Vec<u64> = self.settled.range(..lowest_open).copied().collect();
-        let &top = covered.last()?;
-        for tag in &covered {
-            self.settled.remove(tag);
+        if is_suspect(&first) {
+            return Some(Work::Batch(Batch::of(first)));
         }
-        self.acked_through = top;
-        Some((top, covered.len() > 1))
-    }
-
-    /// Settled tags waiting behind an open one.
-    pub(crate) fn waiting(&self) -> usize {
-        self.settled.len()
+        let mut deliveries = vec![first];
+        while deliveries.len() < self.batch_size
+            && self
+                .buffered
+                .front()
+                .is_some_and(|(d, lane)| lane.is_none() && !is_suspect(d))
+        {
+            deliveries.extend(self.buffered.pop_front().map(|(d, _)| d));
+        }
+        Some(Work::Batch(Batch {
+            deliveries,
+            alone: false,
+        }))
     }
 }
 
@@ -173,9 +150,22 @@ mod tests {
         }
     }
 
+    fn batch(work: Work) -> Batch {
+        match work {
+            Work::Batch(b) => b,
+            Work::Lane(key, _) => panic!("a lane delivery for {key}"),
+        }
+    }
+
+    impl Dispatcher {
+        fn next_batch(&mut self) -> Option<Batch> {
+            self.next().map(batch)
+        }
+    }
+
     #[test]
     fn batches_keep_broker_order_and_never_wait_for_more() {
-        let mut d = Dispatcher::new(1);
+        let mut d = Dispatcher::new(1, None);
         assert!(d.next_batch().is_none());
         for tag in 1..=3 {
             d.push(delivery(tag));
@@ -187,7 +177,7 @@ mod tests {
             })
             .collect();
         assert_eq!(tags, [1, 2, 3]);
-        let mut d = Dispatcher::new(2);
+        let mut d = Dispatcher::new(2, None);
         for tag in 1..=3 {
             d.push(delivery(tag));
         }
@@ -202,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_suspect_runs_alone_and_never_joins_a_batch() {
-        let mut d = Dispatcher::new(8);
+        let mut d = Dispatcher::new(8, None);
         d.push(delivery(1));
         d.push(delivery(2));
         d.push(redelivery(3));
@@ -225,38 +215,30 @@ mod tests {
     }
 
     #[test]
-    fn an_ack_never_covers_a_delivery_still_open() {
-        let mut w = AckWatermark::default();
-        for tag in 1..=5 {
-            w.delivered(tag);
+    fn a_lane_delivery_goes_to_its_lane_and_ends_the_batch_before_it() {
+        let mut d = Dispatcher::new(8, Some(LaneKey::Header("k".into())));
+        let keyed = |tag: u64, key: &str| {
+            let mut headers = lapin::types::FieldTable::default();
+            headers.insert("k".into(), crate::amqp::text(key));
+            let mut d = delivery(tag);
+            d.properties = d.properties.with_headers(headers);
+            d
+        };
+        d.push(delivery(1));
+        d.push(delivery(2));
+        d.push(keyed(3, "a"));
+        d.push(delivery(4));
+        d.push(keyed(5, "a"));
+        let mut seen = Vec::new();
+        while let Some(work) = d.next() {
+            seen.push(match work {
+                Work::Batch(b) => format!(
+                    "{:?}",
+                    b.deliveries.iter().map(|d| d.tag).collect::<Vec<_>>()
+                ),
+                Work::Lane(key, d) => format!("{key}:{}", d.tag),
+            });
         }
-        assert_eq!(w.next_ack(), None, "nothing settled");
-        // 2 and 3 settle while 1 is still held: they wait.
-        w.settled(2);
-        w.settled(3);
-        assert_eq!(w.next_ack(), None);
-        assert_eq!(w.waiting(), 2);
-        // 1 settles: one ack with `multiple` covers 1..=3, not 4 or 5.
-        w.settled(1);
-        assert_eq!(w.next_ack(), Some((3, true)));
-        assert_eq!(w.next_ack(), None);
-        // A lone settled tag is acked alone.
-        w.settled(4);
-        assert_eq!(w.next_ack(), Some((4, false)));
-        w.settled(5);
-        assert_eq!(w.next_ack(), Some((5, false)));
-        assert_eq!(w.waiting(), 0);
-    }
-
-    #[test]
-    fn settling_an_unknown_or_repeated_tag_changes_nothing() {
-        let mut w = AckWatermark::default();
-        w.delivered(7);
-        w.settled(9);
-        assert_eq!(w.next_ack(), None);
-        w.settled(7);
-        w.settled(7);
-        assert_eq!(w.next_ack(), Some((7, false)));
-        assert_eq!(w.next_ack(), None, "acked once");
+        assert_eq!(seen, ["[1, 2]", "a:3", "[4]", "a:5"]);
     }
 }

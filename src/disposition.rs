@@ -15,6 +15,9 @@ pub(crate) enum Applied {
     Committed,
     /// The message id was already claimed: a duplicate, handler not run.
     Duplicate,
+    /// The version gate found the version stale: the claim committed, the
+    /// effect did not run.
+    Stale,
 }
 
 /// Why the transaction did not commit.
@@ -57,6 +60,16 @@ pub(crate) enum Disposition {
     /// The database is unreachable: put the message back without using an
     /// attempt, and pause intake until the database answers.
     Return {
+        /// Why, for the log.
+        error: String,
+    },
+    /// Strict sequence: the version before this one has not applied; send a
+    /// copy to the retry tier of `delay` without using an attempt, then ack.
+    Park {
+        /// The tier (the shortest).
+        delay: Duration,
+        /// When the gap started waiting (milliseconds since the epoch).
+        since_ms: i64,
         /// Why, for the log.
         error: String,
     },
@@ -147,6 +160,17 @@ fn refused(error: &dyn std::fmt::Display, attempts: u32) -> Disposition {
         format!("the database refused the data: {error}"),
         attempts,
     )
+}
+
+/// True if `failure` is the database's being unreachable (the connection broke),
+/// not the message's fault: what [`decide`] returns to the queue at no cost
+/// of an attempt.
+pub(crate) fn is_outage(failure: &Failure) -> bool {
+    match failure {
+        Failure::Handler(e) => database_error_in(e.error(), is_connection_error),
+        Failure::Store(e) => e.is_connection_error(),
+        Failure::Panic(_) | Failure::Aborted(_) => false,
+    }
 }
 
 /// Asks `test` of the first database error in `error`'s chain (a handler may

@@ -211,13 +211,20 @@ impl DeadLetterQueue {
         let limit = selection.limit.unwrap_or(usize::MAX);
         let walk = self.open().await?;
         let result = async {
-            while report.replayed.len() < limit {
+            // The whole selection first (held unacked), so that copies of one
+            // entity can go back in version order.
+            let mut chosen = Vec::new();
+            while chosen.len() < limit {
                 let Some(d) = walk.next().await? else { break };
                 let letter = DeadLetter::from_delivery(&d);
-                if !selection.matches(&letter) {
+                if selection.matches(&letter) {
+                    chosen.push((d, letter));
+                } else {
                     report.skipped += 1;
-                    continue;
                 }
+            }
+            in_version_order(&mut chosen, |(d, _)| entity_version(d));
+            for (d, letter) in chosen {
                 if !dry_run {
                     if let Some(p) = pace.as_mut() {
                         p.tick().await;
@@ -343,5 +350,56 @@ mod tests {
         assert_eq!(replay_pace(4.0).unwrap(), Some(Duration::from_millis(250)));
         assert_eq!(replay_pace(1e300).unwrap(), None);
         assert!(replay_pace(1e-300).is_err());
+    }
+}
+
+/// The entity and version the version gate recorded on a dead letter, if any.
+fn entity_version(d: &Delivery) -> Option<(String, i64)> {
+    let headers = d.properties.headers().as_ref()?;
+    let entity = crate::amqp::header_str(headers, crate::headers::HEADER_ENTITY)?;
+    let version = crate::amqp::header_int(headers, crate::headers::HEADER_VERSION)?;
+    Some((entity.into_owned(), version))
+}
+
+/// Reorders `items` so that those with an entity and version come in version
+/// order per entity, in the places such items held; the others keep theirs.
+/// A strict-sequence consumer would otherwise park every version replayed
+/// before its predecessor.
+fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<(String, i64)>) {
+    let slots: Vec<usize> = (0..items.len())
+        .filter(|&i| key(&items[i]).is_some())
+        .collect();
+    if slots.len() < 2 {
+        return;
+    }
+    let mut taken: Vec<Option<T>> = items.drain(..).map(Some).collect();
+    let mut versioned: Vec<T> = slots
+        .iter()
+        .map(|&i| taken[i].take().expect("a slot"))
+        .collect();
+    versioned.sort_by_key(|t| key(t));
+    for (slot, item) in slots.into_iter().zip(versioned) {
+        taken[slot] = Some(item);
+    }
+    items.extend(taken.into_iter().map(|t| t.expect("every slot refilled")));
+}
+
+#[cfg(test)]
+mod order_tests {
+    use super::in_version_order;
+
+    #[test]
+    fn versions_of_an_entity_go_in_order_and_the_rest_stay_put() {
+        let mut items = vec![
+            ("x", None),
+            ("a3", Some(("a", 3))),
+            ("b1", Some(("b", 1))),
+            ("y", None),
+            ("a1", Some(("a", 1))),
+            ("a2", Some(("a", 2))),
+        ];
+        in_version_order(&mut items, |(_, k)| k.map(|(e, v)| (e.to_owned(), v)));
+        let names: Vec<&str> = items.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["x", "a1", "a2", "y", "a3", "b1"]);
     }
 }

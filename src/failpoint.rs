@@ -4,6 +4,10 @@
 //! `WARREN_FAILPOINTS` (e.g. `after-commit-before-ack=0.02;before-commit=0.01`)
 //! makes the process abort with the given probability when it reaches the named
 //! point. Without the feature every point compiles to nothing.
+//!
+//! `batch-commit-outcome-unknown` does not abort: the first time it fires, a
+//! batch that committed reports its connection lost during `COMMIT`, the case
+//! where the consumer cannot know whether the commit happened.
 
 use crate::config_error::ConfigError;
 
@@ -11,6 +15,8 @@ use crate::config_error::ConfigError;
 pub const NAMES: &[&str] = &[
     "before-commit",
     "after-commit-before-ack",
+    "after-batch-commit-before-ack",
+    "batch-commit-outcome-unknown",
     "relay-after-publish-before-mark",
 ];
 
@@ -63,6 +69,32 @@ pub fn check_env() -> Result<(), ConfigError> {
 /// Aborts the process with the configured probability for `name`.
 #[cfg(feature = "failpoints")]
 pub(crate) fn hit(name: &'static str) {
+    if draw(name) {
+        tracing::error!(failpoint = name, "crash point reached; aborting");
+        std::process::abort();
+    }
+}
+
+/// True the first time the point named `name` draws its probability in this
+/// process, false ever after: a fault simulated once, not a crash.
+#[cfg(feature = "failpoints")]
+pub(crate) fn fires_once(name: &'static str) -> bool {
+    use std::sync::Mutex;
+    static FIRED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut fired = FIRED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if fired.contains(&name) || !draw(name) {
+        return false;
+    }
+    fired.push(name);
+    tracing::error!(failpoint = name, "fault point reached");
+    true
+}
+
+/// Draws the configured probability of `name`.
+#[cfg(feature = "failpoints")]
+fn draw(name: &'static str) -> bool {
     use std::sync::OnceLock;
     static POINTS: OnceLock<Vec<(&'static str, f64)>> = OnceLock::new();
     let points = POINTS.get_or_init(|| {
@@ -71,18 +103,23 @@ pub(crate) fn hit(name: &'static str) {
             .and_then(|spec| parse(&spec).ok())
             .unwrap_or_default()
     });
-    if let Some((_, p)) = points.iter().find(|(n, _)| *n == name)
-        && fastrand::f64() < *p
-    {
-        tracing::error!(failpoint = name, "crash point reached; aborting");
-        std::process::abort();
-    }
+    points
+        .iter()
+        .find(|(n, _)| *n == name)
+        .is_some_and(|(_, p)| fastrand::f64() < *p)
 }
 
 /// Without the `failpoints` feature a crash point is nothing.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub(crate) fn hit(_name: &'static str) {}
+
+/// Without the `failpoints` feature a fault point never fires.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub(crate) fn fires_once(_name: &'static str) -> bool {
+    false
+}
 
 #[cfg(test)]
 mod tests {

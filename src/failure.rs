@@ -43,7 +43,37 @@ pub enum HandlerError {
         /// What went wrong.
         error: BoxError,
     },
+    /// Strict sequence: this version arrived before the one it follows. The
+    /// message waits in the shortest retry tier, without using an attempt,
+    /// until the missing version applies or the gap patience runs out. Made by
+    /// [`Tx::check_version`](crate::Tx::check_version).
+    VersionGap(VersionGap),
 }
+
+/// A version that arrived before its predecessor (strict sequence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionGap {
+    /// The entity.
+    pub entity: String,
+    /// The version stored (last applied).
+    pub stored: i64,
+    /// The version that arrived.
+    pub got: i64,
+}
+
+impl fmt::Display for VersionGap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "version gap for {:?}: expected version {}, got version {}",
+            self.entity,
+            self.stored.saturating_add(1),
+            self.got
+        )
+    }
+}
+
+impl std::error::Error for VersionGap {}
 
 impl HandlerError {
     /// A failure worth retrying.
@@ -86,7 +116,7 @@ impl HandlerError {
     pub fn retry_after_hint(&self) -> Option<Duration> {
         match self {
             HandlerError::Transient { retry_after, .. } => *retry_after,
-            HandlerError::Permanent { .. } => None,
+            HandlerError::Permanent { .. } | HandlerError::VersionGap(_) => None,
         }
     }
 
@@ -96,6 +126,7 @@ impl HandlerError {
             HandlerError::Transient { error, .. } | HandlerError::Permanent { error } => {
                 error.as_ref()
             }
+            HandlerError::VersionGap(gap) => gap,
         }
     }
 }
@@ -105,6 +136,7 @@ impl fmt::Display for HandlerError {
         match self {
             HandlerError::Transient { error, .. } => write!(f, "transient: {error}"),
             HandlerError::Permanent { error } => write!(f, "permanent: {error}"),
+            HandlerError::VersionGap(gap) => write!(f, "{gap}"),
         }
     }
 }
@@ -160,11 +192,17 @@ pub enum DeadLetterReason {
     /// Delivered again and again without any outcome being recorded: the message
     /// keeps killing the process that handles it.
     Poison,
+    /// A message for a partitioned consumer without a usable partition key
+    /// header (missing, empty, or not an AMQP long string).
+    InvalidPartitionKey,
+    /// Strict sequence: the version it follows never applied within the gap
+    /// patience.
+    VersionGap,
 }
 
 impl DeadLetterReason {
     /// Every reason, for reports and tests.
-    pub const ALL: [DeadLetterReason; 13] = [
+    pub const ALL: [DeadLetterReason; 15] = [
         DeadLetterReason::BodyTooLarge,
         DeadLetterReason::InvalidContentType,
         DeadLetterReason::UnsupportedContentEncoding,
@@ -178,6 +216,8 @@ impl DeadLetterReason {
         DeadLetterReason::Permanent,
         DeadLetterReason::RetriesExhausted,
         DeadLetterReason::Poison,
+        DeadLetterReason::InvalidPartitionKey,
+        DeadLetterReason::VersionGap,
     ];
 
     /// The stable, kebab-case name used in headers, metrics and the CLI.
@@ -196,6 +236,8 @@ impl DeadLetterReason {
             DeadLetterReason::Permanent => "permanent-failure",
             DeadLetterReason::RetriesExhausted => "retries-exhausted",
             DeadLetterReason::Poison => "poison",
+            DeadLetterReason::InvalidPartitionKey => "invalid-partition-key",
+            DeadLetterReason::VersionGap => "version-gap",
         }
     }
 

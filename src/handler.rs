@@ -26,6 +26,11 @@ pub struct Message<T> {
     pub redelivered: bool,
     /// Which attempt this is, from 1; retries through the tiers count up.
     pub attempt: u32,
+    /// The partition key header (`partition-key`, or the header a partitioned
+    /// consumer hashes on), when it is an AMQP long string. A producer sets it,
+    /// so a handler that relies on it compares it with the payload: a key that
+    /// differs from the entity's id would put the entity in two partitions.
+    pub partition_key: Option<String>,
 }
 
 /// Shared state handed to every handler of a registry built with
@@ -123,6 +128,7 @@ pub(crate) trait ErasedHandler<DB: Database>: Send + Sync {
         meta: Metadata,
         redelivered: bool,
         attempt: u32,
+        partition_key: Option<String>,
     ) -> Result<Box<dyn BoundCall<DB>>, serde_json::Error>;
 }
 
@@ -168,6 +174,7 @@ where
         meta: Metadata,
         redelivered: bool,
         attempt: u32,
+        partition_key: Option<String>,
     ) -> Result<Box<dyn BoundCall<DB>>, serde_json::Error> {
         let payload: T = serde_json::from_str(payload.get())?;
         Ok(Box::new(Bound {
@@ -178,6 +185,7 @@ where
                 meta,
                 redelivered,
                 attempt,
+                partition_key,
             },
             _shape: PhantomData::<fn() -> M>,
         }))

@@ -46,6 +46,19 @@ pub const HEADER_FIRST_FAILURE: &str = "x-warren-first-failure";
 /// Header: when the message last failed (RFC 3339).
 pub const HEADER_LAST_FAILURE: &str = "x-warren-last-failure";
 
+/// Header: when a strict-sequence gap started waiting (milliseconds since the
+/// epoch), on parked copies.
+pub const HEADER_GAP_SINCE: &str = "x-warren-gap-since";
+/// Header: the entity the version gate checked, on retry, parked and
+/// dead-lettered copies (replays go in version order per entity).
+pub const HEADER_ENTITY: &str = "x-warren-entity";
+/// Header: the version the version gate checked, beside [`HEADER_ENTITY`].
+pub const HEADER_VERSION: &str = "x-warren-version";
+
+/// Header: the partition key a producer sets, as an AMQP long string (the
+/// header a partitioned consumer hashes on unless configured otherwise).
+pub const HEADER_PARTITION_KEY: &str = "partition-key";
+
 /// Header: warren's signature over its own `x-warren-*` headers and the message id.
 pub const HEADER_SIGNATURE: &str = "x-warren-signature";
 /// Header: a table of the `x-warren-*` headers a delivery carried without a

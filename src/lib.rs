@@ -73,6 +73,7 @@ mod idempotency;
 pub mod outbox;
 mod outbox_row;
 mod outgoing;
+pub mod partition;
 mod pipeline;
 mod printable;
 mod registry;
@@ -88,6 +89,7 @@ pub mod telemetry;
 pub mod testing;
 pub mod tls;
 pub mod topology;
+pub mod version;
 
 /// Operator tooling: dead-letter queues (list, show, replay, purge), inbox
 /// retention, database URLs, and making message-derived text safe to print.

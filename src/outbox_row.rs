@@ -37,7 +37,7 @@ impl StoredProperties {
             event_type: meta.event_type.clone(),
             correlation_id: meta.correlation_id.clone(),
             timestamp: meta.occurred_at.timestamp().max(0) as u64,
-            headers: BTreeMap::new(),
+            headers: message.headers().clone(),
         }
     }
 

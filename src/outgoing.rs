@@ -41,6 +41,8 @@ struct WireOut<'a> {
 pub struct Outgoing {
     meta: Metadata,
     payload: Box<RawValue>,
+    /// Headers sent as AMQP long strings (the partition key among them).
+    headers: std::collections::BTreeMap<String, String>,
 }
 
 impl Outgoing {
@@ -62,6 +64,7 @@ impl Outgoing {
                 causation_id: None,
             },
             payload: serde_json::value::to_raw_value(payload)?,
+            headers: std::collections::BTreeMap::new(),
         })
     }
 
@@ -84,6 +87,25 @@ impl Outgoing {
     pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
         self.meta.message_id = id.into();
         self
+    }
+
+    /// Sets the partition key: the `partition-key` header, as an AMQP long
+    /// string (the type a consistent-hash exchange must see to put one entity's
+    /// messages in one partition). For a consumer partitioned on another header,
+    /// use [`with_header`](Self::with_header).
+    pub fn with_partition_key(self, key: impl Into<String>) -> Self {
+        self.with_header(crate::headers::HEADER_PARTITION_KEY, key)
+    }
+
+    /// Sets a header, sent as an AMQP long string.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// The headers set with [`with_header`](Self::with_header).
+    pub fn headers(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.headers
     }
 
     /// Sets when the business event happened.
@@ -135,6 +157,13 @@ impl Outgoing {
         if m.event_type.is_empty() {
             return Err("event type is empty".into());
         }
+        for name in self.headers.keys() {
+            if name.is_empty() || name.len() > MAX_SHORT_STRING_LEN {
+                return Err(format!(
+                    "header name {name:?} must be 1 to {MAX_SHORT_STRING_LEN} bytes"
+                ));
+            }
+        }
         for (field, value) in [
             ("message id", m.message_id.as_str()),
             ("event type", m.event_type.as_str()),
@@ -174,6 +203,18 @@ impl Outgoing {
         }
         if let Ok(correlation) = ShortString::try_new(self.meta.correlation_id.as_str()) {
             props = props.with_correlation_id(correlation);
+        }
+        if !self.headers.is_empty() {
+            let mut headers = lapin::types::FieldTable::default();
+            for (name, value) in &self.headers {
+                if let Ok(name) = ShortString::try_new(name.as_str()) {
+                    headers.insert(
+                        name,
+                        lapin::types::AMQPValue::LongString(value.as_str().into()),
+                    );
+                }
+            }
+            props = props.with_headers(headers);
         }
         props
     }

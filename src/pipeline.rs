@@ -26,8 +26,10 @@ use crate::disposition::{Applied, Disposition, Failure, decide};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
 use crate::failpoint;
 use crate::failure::DeadLetterReason;
+use crate::failure::HandlerError;
 use crate::handler::BoundCall;
-use crate::headers::{HEADER_ATTEMPT, Signer};
+use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, Signer};
+use crate::partition;
 use crate::registry::Registry;
 use crate::store::{InboxEntry, Store};
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
@@ -43,6 +45,17 @@ pub(crate) struct Pipeline<S: Store> {
     pub(crate) signer: OnceLock<Signer>,
     /// Suspects run alone in the process: shared by every consumer in it.
     pub(crate) barrier: SoloBarrier,
+    /// Deliveries sent on to the partition their key belongs to: the first,
+    /// the tenth, the hundredth... are logged as warnings.
+    pub(crate) forwarded: std::sync::atomic::AtomicU64,
+}
+
+/// A delivery taken in: signature checked, history read, clock started.
+struct Admitted {
+    delivery: Delivery,
+    history: History,
+    started: Instant,
+    received_at: DateTime<Utc>,
 }
 
 /// A delivery that passed validation and routing, bound to its handler.
@@ -52,10 +65,13 @@ struct Prepared<DB: sqlx::Database> {
 }
 
 impl<S: Store> Pipeline<S> {
-    /// Applies a batch of deliveries, each in its own transaction and settled on
-    /// its own: one failing message never affects another. A batch the
-    /// dispatcher marked `alone` (a suspect) runs with nothing else running.
+    /// Applies a batch of deliveries. A batch the dispatcher marked `alone` (a
+    /// suspect) runs with nothing else running; a batch of several runs in one
+    /// transaction, each message isolated (see `batch`).
     pub(crate) async fn run(&self, port: &dyn Port, batch: Batch) -> Vec<Outcome> {
+        if batch.deliveries.len() > 1 && !batch.alone {
+            return self.run_batch(port, batch.deliveries).await;
+        }
         let mut outcomes = Vec::with_capacity(batch.deliveries.len());
         for delivery in batch.deliveries {
             outcomes.push(self.run_one(port, delivery, batch.alone).await);
@@ -63,16 +79,43 @@ impl<S: Store> Pipeline<S> {
         outcomes
     }
 
-    /// The rule, for one delivery.
-    async fn run_one(&self, port: &dyn Port, mut delivery: Delivery, alone: bool) -> Outcome {
+    /// Takes a delivery in: only headers warren signed count as warren's from
+    /// here on, and its history is read. On a partition queue, a delivery
+    /// whose key belongs to another partition is sent there instead: `Err`
+    /// with its recorded outcome.
+    async fn admit(&self, port: &dyn Port, mut delivery: Delivery) -> Result<Admitted, Outcome> {
         let started = Instant::now();
         let received_at = Utc::now();
-        // From here on, only headers warren signed count as warren's; forged
-        // ones travel on, set apart, and decide nothing.
+        // Forged headers travel on, set apart, and decide nothing.
         delivery.properties = self.signer().trusted(&delivery.properties);
         let history = History::of(&delivery);
         self.telemetry.in_flight(1.0);
         self.record_age(&delivery, received_at);
+        if let Some((home, queue)) = self.home_elsewhere(&delivery) {
+            let outcome = self.forward(port, &delivery, home, &queue).await;
+            self.record(outcome, &delivery, &history, None, started);
+            return Err(outcome);
+        }
+        Ok(Admitted {
+            delivery,
+            history,
+            started,
+            received_at,
+        })
+    }
+
+    /// The rule, for one delivery in a transaction of its own.
+    async fn run_one(&self, port: &dyn Port, delivery: Delivery, alone: bool) -> Outcome {
+        let Admitted {
+            delivery,
+            history,
+            started,
+            received_at,
+        } = match self.admit(port, delivery).await {
+            Ok(admitted) => admitted,
+            Err(outcome) => return outcome,
+        };
+        let mut gated = None;
 
         let prepared = self.prepare(&delivery, history.attempt());
         let (disposition, meta) = match prepared {
@@ -83,22 +126,28 @@ impl<S: Store> Pipeline<S> {
             Ok(Prepared { meta, call }) => {
                 let entry = inbox_entry(&self.config.name, &meta, received_at);
                 let disposition = if alone {
-                    self.run_alone(call, &meta, &entry, history.attempt()).await
+                    self.run_alone(call, &meta, &entry, &history, &mut gated)
+                        .await
                 } else {
                     let _shared = self.barrier.shared().await;
                     let applied = self
-                        .watch_duration(&meta.message_id, self.apply(call, &meta, &entry, false))
+                        .watch_duration(
+                            &meta.message_id,
+                            self.apply(call, &meta, &entry, false, &mut gated),
+                        )
                         .await;
-                    decide(applied, history.attempt(), &self.config.retry)
+                    self.decide(applied, &history)
                 };
                 (disposition, Some(meta))
             }
         };
         let moved_on = matches!(
             disposition,
-            Disposition::Retry { .. } | Disposition::DeadLetter { .. }
+            Disposition::Retry { .. } | Disposition::DeadLetter { .. } | Disposition::Park { .. }
         );
-        let outcome = self.settle(port, &delivery, disposition).await;
+        let outcome = self
+            .settle(port, &delivery, disposition, gated.as_ref())
+            .await;
 
         // The solo runs recorded for a suspect are its crash history; once the
         // message moved on (retry tier, dead letter) that history is over. The
@@ -106,12 +155,62 @@ impl<S: Store> Pipeline<S> {
         if let Some(meta) = &meta
             && alone
             && moved_on
-            && matches!(outcome, Outcome::Retried | Outcome::DeadLettered(_))
+            && matches!(
+                outcome,
+                Outcome::Retried | Outcome::DeadLettered(_) | Outcome::Parked
+            )
         {
             self.forget_solo_runs(&meta.message_id).await;
         }
         self.record(outcome, &delivery, &history, meta.as_ref(), started);
         outcome
+    }
+
+    /// On a partition queue: the partition (and its queue) that a delivery's
+    /// key hashes to, when that is not this one. The broker put it here because
+    /// its ring no longer has the order warren declared (a node restart can
+    /// rebuild it in another order), or a producer published to the queue
+    /// directly. (A missing or ill-typed key is the message's fault, found in
+    /// `prepare`.)
+    fn home_elsewhere(&self, delivery: &Delivery) -> Option<(u32, String)> {
+        let (Some(seat), Some(p)) = (&self.config.seat, &self.config.partitions) else {
+            return None;
+        };
+        if !self.config.hash_verified {
+            return None;
+        }
+        let key = partition::key_of(delivery.properties.headers().as_ref(), &p.header).ok()?;
+        let home = partition::partition_of(key.as_bytes(), p.count);
+        (home != seat.index).then(|| (home, seat.queue_of(home)))
+    }
+
+    /// What the outcome of a transaction means, a version gap included: a gap
+    /// parks the message in the shortest tier, without using an attempt, until
+    /// the gap patience runs out.
+    fn decide(&self, applied: Result<Applied, Failure>, history: &History) -> Disposition {
+        let Err(Failure::Handler(HandlerError::VersionGap(gap))) = &applied else {
+            return decide(applied, history.attempt(), &self.config.retry);
+        };
+        let now = Utc::now().timestamp_millis();
+        let since_ms = history.gap_since_ms.unwrap_or(now);
+        let patience = self.config.gap_patience();
+        let waited = std::time::Duration::from_millis(u64::try_from(now - since_ms).unwrap_or(0));
+        match self.config.retry.tiers().first() {
+            Some(&delay) if waited < patience => Disposition::Park {
+                delay,
+                since_ms,
+                error: gap.to_string(),
+            },
+            _ => Disposition::dead_letter(
+                DeadLetterReason::VersionGap,
+                format!(
+                    "{gap}; waited {} for the versions before it (gap patience {})",
+                    crate::retry::Delay(waited),
+                    crate::retry::Delay(patience)
+                ),
+                history.attempt(),
+            ),
+        }
     }
 
     /// Validates the delivery and binds it to its handler. No database, no broker.
@@ -121,6 +220,15 @@ impl<S: Store> Pipeline<S> {
         attempt: u32,
     ) -> Result<Prepared<S::Db>, InvalidMessage> {
         let props = &delivery.properties;
+        if let Some(p) = &self.config.partitions
+            && let Err(partition::KeyError::Invalid(why)) =
+                partition::key_of(props.headers().as_ref(), &p.header)
+        {
+            return Err(InvalidMessage::new(
+                DeadLetterReason::InvalidPartitionKey,
+                why,
+            ));
+        }
         let envelope = Envelope::parse(
             Incoming {
                 message_id: props.message_id().as_ref().map(|s| s.as_str()),
@@ -140,6 +248,14 @@ impl<S: Store> Pipeline<S> {
                 envelope.meta.clone(),
                 delivery.redelivered,
                 attempt,
+                partition::key_of(
+                    props.headers().as_ref(),
+                    self.config
+                        .partitions
+                        .as_ref()
+                        .map_or(partition::DEFAULT_PARTITION_HEADER, |p| p.header.as_str()),
+                )
+                .ok(),
             )
             .map_err(|e| {
                 InvalidMessage::new(
@@ -168,8 +284,10 @@ impl<S: Store> Pipeline<S> {
         call: Box<dyn BoundCall<S::Db>>,
         meta: &Metadata,
         entry: &InboxEntry<'_>,
-        attempt: u32,
+        history: &History,
+        gated: &mut Option<(String, i64)>,
     ) -> Disposition {
+        let attempt = history.attempt();
         self.telemetry.suspect_waiting(1.0);
         let alone = self.barrier.alone().await;
         self.telemetry.suspect_waiting(-1.0);
@@ -209,10 +327,11 @@ impl<S: Store> Pipeline<S> {
             "suspect runs alone"
         );
         let deadline = self.config.solo_timeout;
-        let applied = tokio::time::timeout(deadline, self.apply(call, meta, entry, true)).await;
+        let applied =
+            tokio::time::timeout(deadline, self.apply(call, meta, entry, true, gated)).await;
         drop(alone);
         match applied {
-            Ok(applied) => decide(applied, attempt, &self.config.retry),
+            Ok(applied) => self.decide(applied, history),
             // Dropping the run rolled its transaction back; the recorded run
             // stays, so a hung handler counts like a crash.
             Err(_) => Disposition::Requeue {
@@ -228,6 +347,7 @@ impl<S: Store> Pipeline<S> {
         meta: &Metadata,
         entry: &InboxEntry<'_>,
         forget_solo_runs: bool,
+        gated: &mut Option<(String, i64)>,
     ) -> Result<Applied, Failure> {
         let mut tx = self.store.begin().await.map_err(Failure::Store)?;
         tx.set_cause(meta.clone());
@@ -254,9 +374,12 @@ impl<S: Store> Pipeline<S> {
             }
             return Ok(Applied::Duplicate);
         }
-        match AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await {
+        let called = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
+        gated.clone_from(&tx.gated().entity);
+        match called {
             Ok(Ok(())) => {
                 let enqueued = tx.enqueued();
+                let stale = tx.gated().stale;
                 failpoint::hit("before-commit");
                 // The commit checks first that the transaction can still commit:
                 // a handler that ignored a failed statement is not acked.
@@ -271,7 +394,11 @@ impl<S: Store> Pipeline<S> {
                     self.store.wakeups().wake();
                 }
                 failpoint::hit("after-commit-before-ack");
-                Ok(Applied::Committed)
+                Ok(if stale {
+                    Applied::Stale
+                } else {
+                    Applied::Committed
+                })
             }
             Ok(Err(e)) => {
                 let _ = tx.rollback().await;
@@ -396,6 +523,8 @@ struct History {
     /// Failed attempts before this one (`x-warren-attempt`, believed only under
     /// warren's signature).
     failed_attempts: u32,
+    /// When a strict-sequence gap started waiting, if this is a parked copy.
+    gap_since_ms: Option<i64>,
 }
 
 impl History {
@@ -406,8 +535,14 @@ impl History {
             .as_ref()
             .and_then(|h| header_int(h, HEADER_ATTEMPT))
             .unwrap_or(0);
+        let gap_since_ms = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| header_int(h, HEADER_GAP_SINCE));
         Self {
             failed_attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
+            gap_since_ms,
         }
     }
 
@@ -417,6 +552,7 @@ impl History {
     }
 }
 
+mod batch;
 mod settle;
 #[cfg(test)]
 mod tests;

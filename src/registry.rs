@@ -33,6 +33,15 @@ pub struct Registry<DB: Database, S = ()> {
     state: S,
 }
 
+impl<DB: Database> Clone for Registry<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            routes: self.routes.clone(),
+            state: (),
+        }
+    }
+}
+
 impl<DB: Database> Registry<DB> {
     /// An empty table whose handlers take no state.
     pub fn new() -> Self {

@@ -13,6 +13,9 @@ use crate::telemetry::Telemetry;
 pub(crate) struct Session {
     pub(crate) consume: Arc<lapin::Connection>,
     pub(crate) publish: Arc<lapin::Connection>,
+    /// The connections are this session's own, closed with it; shared ones
+    /// (the partitions of one consumer) outlive it.
+    pub(crate) owns_connections: bool,
     pub(crate) subscription: Subscription,
     pub(crate) port: Arc<dyn Port>,
     pub(crate) lost: Arc<tokio::sync::Notify>,
@@ -26,13 +29,60 @@ impl Session {
         self.monitor.abort();
         let close = async {
             self.subscription.close().await;
-            broker::close_connection(&self.consume, "shutdown").await;
-            broker::close_connection(&self.publish, "shutdown").await;
+            if self.owns_connections {
+                broker::close_connection(&self.consume, "shutdown").await;
+                broker::close_connection(&self.publish, "shutdown").await;
+            }
         };
         if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
             tracing::warn!(
                 "the broker did not answer the close within {CLOSE_TIMEOUT:?}; dropping the connections"
             );
+        }
+    }
+}
+
+/// A consuming and a publishing connection.
+pub(crate) type ConnectionPair = (Arc<lapin::Connection>, Arc<lapin::Connection>);
+
+/// The connections the partitions of one consumer share, each partition on a
+/// channel of its own: a connection costs the broker a process and this
+/// process two buffers of 32 frames (8 MiB at RabbitMQ's frame size), so one
+/// pair per partition would multiply both by the partitions held. Whichever
+/// partition finds them gone first connects anew; the others then use that.
+#[derive(Clone, Default)]
+pub(crate) struct SharedConnections(Arc<tokio::sync::Mutex<Option<ConnectionPair>>>);
+
+impl SharedConnections {
+    /// The live pair, or a new one made by `connect`.
+    pub(crate) async fn get(
+        &self,
+        connect: impl AsyncFnOnce() -> Result<ConnectionPair, Error>,
+    ) -> Result<ConnectionPair, Error> {
+        let mut slot = self.0.lock().await;
+        if let Some((consume, publish)) = slot.as_ref()
+            && consume.status().connected()
+            && publish.status().connected()
+        {
+            return Ok((Arc::clone(consume), Arc::clone(publish)));
+        }
+        if let Some((consume, publish)) = slot.take() {
+            broker::close_connection(&consume, "reconnecting").await;
+            broker::close_connection(&publish, "reconnecting").await;
+        }
+        let pair = connect().await?;
+        *slot = Some((Arc::clone(&pair.0), Arc::clone(&pair.1)));
+        Ok(pair)
+    }
+
+    /// Closes the pair, once every partition has stopped.
+    pub(crate) async fn close(&self) {
+        if let Some((consume, publish)) = self.0.lock().await.take() {
+            let close = async {
+                broker::close_connection(&consume, "shutdown").await;
+                broker::close_connection(&publish, "shutdown").await;
+            };
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, close).await;
         }
     }
 }
@@ -53,7 +103,7 @@ pub(crate) fn is_fatal(e: &Error) -> bool {
     match e {
         Error::Config(_) => true,
         // Neither a drifted queue nor a refused certificate mends by retrying.
-        Error::Broker(b) => b.is_topology_drift() || b.is_tls(),
+        Error::Broker(b) => b.is_fatal_topology() || b.is_tls(),
         _ => false,
     }
 }

@@ -28,6 +28,15 @@ pub enum Outcome {
     /// The retry or dead-letter queue could not take the message; it was returned
     /// to its queue instead, so nothing is lost.
     Returned,
+    /// The version gate found a newer version already applied: acked, the
+    /// effect not run (its claim committed, so a copy is a duplicate).
+    Stale,
+    /// Strict sequence: the version it follows has not applied yet; a copy
+    /// waits in the shortest retry tier without using an attempt.
+    Parked,
+    /// On a partition queue, its key belongs to another partition: a copy went
+    /// to that partition's queue, confirmed, and this delivery was acked.
+    Forwarded,
 }
 
 impl Outcome {
@@ -39,6 +48,9 @@ impl Outcome {
             Outcome::DeadLettered(_) => "dead-lettered",
             Outcome::Retried => "retried",
             Outcome::Returned => "returned",
+            Outcome::Stale => "stale",
+            Outcome::Parked => "parked",
+            Outcome::Forwarded => "forwarded",
         }
     }
 }
@@ -66,11 +78,25 @@ pub struct ConsumerStats {
     pub solo_runs: u64,
     /// Suspects waiting now for their turn to run alone.
     pub suspects_waiting: u64,
+    /// Versions found stale by the version gate: acked, not applied.
+    pub stale: u64,
+    /// Strict-sequence gaps parked to wait for the versions before them.
+    pub gap_waits: u64,
+    /// Deliveries waiting now behind an earlier one of the same lane.
+    pub lane_waiting: u64,
+    /// Transactions committed that applied several messages at once.
+    pub batches: u64,
+    /// Messages settled by those transactions (applied, duplicate or stale).
+    pub batched: u64,
+    /// Deliveries sent on to the partition their key belongs to (the broker's
+    /// hash ring is not in the order warren declared).
+    pub forwarded: u64,
 }
 
 #[derive(Debug)]
 struct Counters {
-    consuming: AtomicBool,
+    /// Sessions consuming now (a partitioned consumer runs one per partition).
+    consuming: AtomicU64,
     /// Cleared when warren's own statements fail, set again by a successful probe.
     database_ok: AtomicBool,
     relay_down: AtomicBool,
@@ -85,12 +111,18 @@ struct Counters {
     acks_lost: AtomicU64,
     solo_runs: AtomicU64,
     suspects_waiting: AtomicU64,
+    stale: AtomicU64,
+    gap_waits: AtomicU64,
+    lane_waiting: AtomicU64,
+    batches: AtomicU64,
+    batched: AtomicU64,
+    forwarded: AtomicU64,
 }
 
 impl Default for Counters {
     fn default() -> Self {
         Self {
-            consuming: AtomicBool::new(false),
+            consuming: AtomicU64::new(0),
             database_ok: AtomicBool::new(true),
             relay_down: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
@@ -103,6 +135,12 @@ impl Default for Counters {
             acks_lost: AtomicU64::new(0),
             solo_runs: AtomicU64::new(0),
             suspects_waiting: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+            gap_waits: AtomicU64::new(0),
+            lane_waiting: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batched: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
         }
     }
 }
@@ -156,13 +194,13 @@ impl StatsHandle {
     /// True while the consumer is subscribed and taking deliveries (not starting,
     /// not draining, not stopped).
     pub fn is_consuming(&self) -> bool {
-        self.0.consuming.load(Ordering::Relaxed)
+        self.0.consuming.load(Ordering::Relaxed) > 0
     }
 
     /// The consumer's health now.
     pub fn health(&self) -> Health {
         Health {
-            consuming: self.0.consuming.load(Ordering::Relaxed),
+            consuming: self.0.consuming.load(Ordering::Relaxed) > 0,
             database: self.0.database_ok.load(Ordering::Relaxed),
             blocked: self.0.blocked.load(Ordering::Relaxed),
             relay: !self.0.relay_down.load(Ordering::Relaxed),
@@ -183,6 +221,12 @@ impl StatsHandle {
             acks_lost: get(&c.acks_lost),
             solo_runs: get(&c.solo_runs),
             suspects_waiting: get(&c.suspects_waiting),
+            stale: get(&c.stale),
+            gap_waits: get(&c.gap_waits),
+            lane_waiting: get(&c.lane_waiting),
+            batches: get(&c.batches),
+            batched: get(&c.batched),
+            forwarded: get(&c.forwarded),
         }
     }
 }
@@ -219,7 +263,7 @@ struct HotMetrics {
     duplicates: Counter,
     retries: Counter,
     /// `consumer_messages_processed_total` by result, in [`Outcome::index`] order.
-    processed: [Counter; 5],
+    processed: [Counter; 8],
     /// `consumer_dead_letter_total` by reason, in [`DeadLetterReason::ALL`] order.
     dead_letters: Vec<Counter>,
 }
@@ -241,6 +285,9 @@ impl HotMetrics {
             "dead-lettered",
             "retried",
             "returned",
+            "stale",
+            "parked",
+            "forwarded",
         ];
         Self {
             in_flight: metrics::gauge!("consumer_in_flight", &labels),
@@ -270,6 +317,9 @@ impl Outcome {
             Outcome::DeadLettered(_) => 2,
             Outcome::Retried => 3,
             Outcome::Returned => 4,
+            Outcome::Stale => 5,
+            Outcome::Parked => 6,
+            Outcome::Forwarded => 7,
         }
     }
 }
@@ -300,8 +350,14 @@ impl Telemetry {
         ]
     }
 
+    /// A session starts (`true`) or stops (`false`) consuming; calls pair up.
     pub(crate) fn set_consuming(&self, consuming: bool) {
-        self.stats.0.consuming.store(consuming, Ordering::Relaxed);
+        let count = &self.stats.0.consuming;
+        if consuming {
+            count.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
     }
 
     pub(crate) fn set_database_ok(&self, ok: bool) {
@@ -416,6 +472,26 @@ impl Telemetry {
         metrics::gauge!("consumer_suspects_waiting", &self.labels()).increment(delta);
     }
 
+    /// Deliveries start (`n > 0`) or stop (`n < 0`) waiting in a lane behind
+    /// an earlier delivery of the same key.
+    pub(crate) fn lane_waiting(&self, n: i64) {
+        let waiting = &self.stats.0.lane_waiting;
+        if n > 0 {
+            waiting.fetch_add(n.unsigned_abs(), Ordering::Relaxed);
+        } else {
+            waiting.fetch_sub(n.unsigned_abs(), Ordering::Relaxed);
+        }
+        metrics::gauge!("consumer_lane_waiting", &self.labels()).increment(n as f64);
+    }
+
+    /// A transaction over several messages committed `size` of them.
+    pub(crate) fn batch_committed(&self, size: usize) {
+        let c = &self.stats.0;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.batched.fetch_add(size as u64, Ordering::Relaxed);
+        metrics::histogram!("consumer_batch_size", &self.labels()).record(size as f64);
+    }
+
     /// A suspect starts its solo run.
     pub(crate) fn solo_run(&self) {
         self.stats.0.solo_runs.fetch_add(1, Ordering::Relaxed);
@@ -441,6 +517,9 @@ impl Telemetry {
             Outcome::DeadLettered(_) => &c.dead_lettered,
             Outcome::Retried => &c.retried,
             Outcome::Returned => &c.returned,
+            Outcome::Stale => &c.stale,
+            Outcome::Parked => &c.gap_waits,
+            Outcome::Forwarded => &c.forwarded,
         };
         counter.fetch_add(1, Ordering::Relaxed);
 
@@ -454,6 +533,16 @@ impl Telemetry {
                 if let Some(i) = DeadLetterReason::ALL.iter().position(|r| *r == reason) {
                     hot.dead_letters[i].increment(1);
                 }
+            }
+            Outcome::Stale => {
+                metrics::counter!("consumer_stale_total", &self.labels()).increment(1);
+            }
+            Outcome::Parked => {
+                metrics::counter!("consumer_gap_waits_total", &self.labels()).increment(1);
+            }
+            Outcome::Forwarded => {
+                metrics::counter!("consumer_partition_forwarded_total", &self.labels())
+                    .increment(1);
             }
             Outcome::Applied | Outcome::Returned => {}
         }
@@ -482,7 +571,13 @@ impl Telemetry {
             };
         }
         match outcome {
-            Outcome::Applied | Outcome::Duplicate => event!(tracing::Level::INFO),
+            Outcome::Applied
+            | Outcome::Duplicate
+            | Outcome::Stale
+            | Outcome::Parked
+            | Outcome::Forwarded => {
+                event!(tracing::Level::INFO);
+            }
             Outcome::Retried => event!(tracing::Level::WARN),
             Outcome::DeadLettered(_) | Outcome::Returned => event!(tracing::Level::ERROR),
         }

@@ -173,6 +173,11 @@ pub enum Settled {
     /// broker's retry or dead-letter queue refusing the copy ends the same way;
     /// the kit's broker takes every copy.)
     Returned,
+    /// The version gate found the version stale: acked, the effect not run.
+    Stale,
+    /// A strict-sequence gap: a copy waits in the shortest retry tier, no
+    /// attempt used. [`TestConsumer::next_attempt`] brings the copy back.
+    Parked,
 }
 
 /// A consumer without a broker: feeds deliveries to the handlers through
@@ -226,6 +231,7 @@ impl<S: OutboxStore> TestConsumer<S> {
                 registry: registry.erase(),
                 signer: OnceLock::from(Signer::new(&key)),
                 barrier: SoloBarrier::process(),
+                forwarded: Default::default(),
             },
             broker: MemoryBroker::default(),
             next_tag: AtomicU64::new(1),
@@ -489,6 +495,20 @@ impl<S: OutboxStore> TestConsumer<S> {
             Outcome::Applied => Settled::Applied,
             Outcome::Duplicate => Settled::Duplicate,
             Outcome::Returned => Settled::Returned,
+            Outcome::Stale => Settled::Stale,
+            Outcome::Forwarded => {
+                unreachable!("the kit consumes no partition queue, and only those forward")
+            }
+            Outcome::Parked => {
+                if let Some(at) = state
+                    .settled_copies
+                    .iter()
+                    .rposition(|(copy_id, _)| *copy_id == id)
+                {
+                    state.settled_copies.remove(at);
+                }
+                Settled::Parked
+            }
             Outcome::Retried | Outcome::DeadLettered(_) => {
                 let at = state
                     .settled_copies

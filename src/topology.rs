@@ -61,6 +61,8 @@ pub enum ArgValue {
     Str(String),
     /// An integer argument, e.g. `x-message-ttl`.
     Int(i64),
+    /// A boolean argument, e.g. `x-single-active-consumer`.
+    Bool(bool),
 }
 
 impl fmt::Display for ArgValue {
@@ -68,6 +70,7 @@ impl fmt::Display for ArgValue {
         match self {
             ArgValue::Str(s) => write!(f, "{s:?}"),
             ArgValue::Int(i) => write!(f, "{i}"),
+            ArgValue::Bool(b) => write!(f, "{b}"),
         }
     }
 }
@@ -125,6 +128,28 @@ pub struct Topology {
     pub queues: Vec<QueueSpec>,
     /// Bindings.
     pub bindings: Vec<BindingSpec>,
+    /// The consistent-hash exchange of a partitioned consumer, if any: declared
+    /// after everything else, its bindings only when it is created.
+    pub ring: Option<Ring>,
+}
+
+/// A consistent-hash exchange feeding partition queues. Its bindings are made
+/// once, in partition order, when the exchange is created: the hash ring
+/// numbers its buckets in the order bindings were added, so binding again would
+/// move keys to other partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ring {
+    /// The `x-consistent-hash` exchange.
+    pub exchange: String,
+    /// The header it hashes on (`hash-header`).
+    pub header: String,
+    /// The partition queues, in partition order; each bound with weight 1.
+    pub queues: Vec<String>,
+    /// The name partition `queues.len()` would have: it must not exist (a
+    /// larger partition count left behind).
+    pub next_queue: String,
+    /// The topic exchange bound to the hash exchange, and its binding keys.
+    pub source: Option<(String, Vec<String>)>,
 }
 
 /// The delivery limit of the retry tiers and the dead-letter queue: large enough
@@ -200,6 +225,8 @@ pub struct QueueLayout {
     pub delivery_limit: i64,
     /// Topic exchanges the consumer's handlers publish to through the outbox.
     pub outgoing: Vec<String>,
+    /// The main queue has single active consumer (a partition queue).
+    pub single_active_consumer: bool,
     /// Queues that stand in for downstream consumers on local runs, each bound
     /// to an outgoing exchange, so that outbox events have a route.
     pub stand_ins: Vec<BindingSpec>,
@@ -249,6 +276,11 @@ impl Topology {
                 .arg("x-delivery-limit", ArgValue::Int(config.delivery_limit))
                 .dead_letter_to(&dead_letter, config.queue_type),
             QueueType::Classic => main,
+        };
+        let main = if config.single_active_consumer {
+            main.arg("x-single-active-consumer", ArgValue::Bool(true))
+        } else {
+            main
         };
         topology.queues.push(main);
         for delay in &config.tiers {

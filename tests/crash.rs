@@ -288,6 +288,8 @@ impl ChildProcess {
 }
 
 on_all_backends!(
+    crash_after_a_batch_commit_before_its_ack,
+    an_unknown_batch_commit_outcome_is_recognized_when_the_messages_return,
     crash_after_commit_before_ack,
     crash_before_commit,
     crash_loop_on_quorum_queue_ends_as_poison,
@@ -481,6 +483,165 @@ async fn crash_then_restart<B: Backend>(point: &str, committed_before_crash: boo
         0,
         "the redelivery was acked"
     );
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Publishes `n` messages that apply, before any consumer runs, so that the
+/// consumer finds them buffered and forms batches. Returns their ids.
+async fn prefill(broker: &TestBroker, n: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let msg = TestBroker::message(&Job::ok());
+        broker.publish(&msg).await;
+        ids.push(msg.meta().message_id.clone());
+    }
+    ids
+}
+
+/// Checks that each of `ids` was applied exactly once.
+async fn each_applied_once<B: Backend>(db: &crate::util::TestDb<B>, ids: &[String]) {
+    for id in ids {
+        assert_eq!(db.effects_for(id).await, 1, "{id} applied exactly once");
+    }
+    assert_eq!(db.effects().await, ids.len() as i64);
+}
+
+/// Reads `CHILD_STATS applied=A duplicates=D`.
+fn applied_and_duplicates(stats: &str) -> (i64, i64) {
+    let field = |name: &str| -> i64 {
+        stats
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {stats:?}"))
+    };
+    (field("applied="), field("duplicates="))
+}
+
+/// Killed after a batch of several messages committed, before the ack: the
+/// messages of that batch come back, and the inbox recognizes each one; every
+/// message that had not committed applies after the restart, once.
+async fn crash_after_a_batch_commit_before_its_ack<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let ids = prefill(&broker, 24).await;
+
+    spawn::<B>(&db.url, &broker, Some("after-batch-commit-before-ack=1"))
+        .wait_for_abort()
+        .await;
+    // The crashing batch, and whatever other workers committed before it.
+    let committed = db.effects().await;
+    assert!(committed >= 2, "a batch of several committed: {committed}");
+    assert_eq!(db.inbox(&broker.name).await, committed);
+
+    let mut restarted = spawn::<B>(&db.url, &broker, None);
+    let mut duplicates_seen = 0;
+    let settled = async {
+        loop {
+            let line = restarted
+                .lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the child runs");
+            if line.contains("message processed") && line.contains("duplicate") {
+                duplicates_seen += 1;
+            }
+            if duplicates_seen > 0 && db.effects().await == 24 {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), settled)
+        .await
+        .expect("after the restart, every message applied and the crashed batch recognized");
+    let stats = restarted.terminate().await;
+    let (applied, duplicates) = applied_and_duplicates(&stats);
+    assert_eq!(
+        applied,
+        24 - committed,
+        "only what had not committed applies: {stats}"
+    );
+    assert!(
+        (1..=committed).contains(&duplicates),
+        "the unacked batch came back as duplicates: {stats}"
+    );
+    each_applied_once(&db, &ids).await;
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The connection drops during a batch's COMMIT (simulated once, after the
+/// commit did happen): the consumer cannot know, so it returns every message of
+/// the batch to its queue. They come back and the inbox recognizes each one;
+/// nothing is applied twice and nothing is lost.
+async fn an_unknown_batch_commit_outcome_is_recognized_when_the_messages_return<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let ids = prefill(&broker, 24).await;
+
+    let mut child = spawn::<B>(&db.url, &broker, Some("batch-commit-outcome-unknown=1"));
+    // The last outcome logged for each message: settled once every message's
+    // is applied or duplicate. Under load a message can also be returned for a
+    // real reason (the pool timing out); it comes back and applies then.
+    let mut last: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    let (mut applied, mut duplicates, mut returned) = (0, 0, 0);
+    let read = async {
+        while last.len() < ids.len() || last.values().any(|o| *o == "returned") {
+            let line = child
+                .lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the child runs until told to stop");
+            if !line.contains("message processed") {
+                continue;
+            }
+            let Some(id) = ids.iter().find(|id| line.contains(id.as_str())) else {
+                continue;
+            };
+            let outcome = if line.contains("returned") {
+                returned += 1;
+                "returned"
+            } else if line.contains("duplicate") {
+                duplicates += 1;
+                "duplicate"
+            } else if line.contains("applied") {
+                applied += 1;
+                "applied"
+            } else {
+                continue;
+            };
+            last.insert(id.clone(), outcome);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("not settled: applied {applied}, duplicates {duplicates}, returned {returned}")
+        });
+    assert!(
+        returned >= 1,
+        "the batch whose commit was unknown was returned"
+    );
+    assert!(
+        duplicates >= 1,
+        "what had committed came back and was recognized: applied {applied}, duplicates \
+         {duplicates}, returned {returned}"
+    );
+    let stats = child.terminate().await;
+    assert_eq!(
+        applied_and_duplicates(&stats),
+        (applied, duplicates),
+        "{stats}"
+    );
+    each_applied_once(&db, &ids).await;
+    assert_eq!(db.inbox(&broker.name).await, 24);
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -407,7 +407,14 @@ fn random_header_value(rng: &mut fastrand::Rng) -> AMQPValue {
         2 => AMQPValue::LongInt(rng.i32(..)),
         3 => AMQPValue::Boolean(rng.bool()),
         4 => AMQPValue::ShortShortUInt(rng.u8(..)),
-        5 => AMQPValue::Double(f64::from_bits(rng.u64(..))),
+        // Any finite double: RabbitMQ refuses NaN and infinities itself (an
+        // Erlang float cannot hold them) by closing the publisher's connection
+        // with INTERNAL_ERROR, so they never reach a consumer.
+        5 => AMQPValue::Double(
+            Some(f64::from_bits(rng.u64(..)))
+                .filter(|d| d.is_finite())
+                .unwrap_or(f64::MAX),
+        ),
         _ => AMQPValue::LongString(vec![0u8, 255, 27, b'[', b'2', b'J'].into()),
     }
 }

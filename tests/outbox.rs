@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use warren::lapin::types::AMQPValue;
 use warren::store::OutboxStore;
 use warren::{Consumer, Outgoing, Publisher, Relay, RelayConfig};
 
@@ -20,7 +21,42 @@ on_all_backends!(
     a_row_to_a_missing_exchange_is_failed_and_the_rest_go_out,
     a_frozen_broker_holds_a_batch_no_longer_than_its_deadline,
     each_store_wakes_its_own_relays,
+    a_partition_key_leaves_the_outbox_as_a_long_string,
 );
+
+/// The hash exchange hashes the header's AMQP type with its value: an event
+/// written with a partition key must leave the relay with that header as a
+/// long string, exactly as `Publisher::publish` would send it.
+async fn a_partition_key_leaves_the_outbox_as_a_long_string<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let relay = Relay::new(db.store.clone(), relay_config(&broker));
+    let publisher = Publisher::new(Arc::clone(&broker.connection));
+    let msg = event(1)
+        .with_partition_key("cus_7")
+        .with_header("tenant", "t-1");
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", &msg)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(relay.run_once(&publisher).await.unwrap(), (1, false));
+    let got = broker.drain(&capture).await;
+    assert_eq!(got.len(), 1);
+    let headers = got[0].properties.headers().clone().unwrap_or_default();
+    for (name, value) in [("partition-key", "cus_7"), ("tenant", "t-1")] {
+        match headers.inner().get(name) {
+            Some(AMQPValue::LongString(s)) => {
+                assert_eq!(s.to_string(), value, "{name}");
+            }
+            other => panic!("{name} is not a long string: {other:?}"),
+        }
+    }
+    broker.cleanup().await;
+    db.drop_db().await;
+}
 
 /// Regression (issue 10): against a broker that stopped answering, a batch
 /// waited up to 30 s per confirm, then again per row in the fallback, holding the

@@ -8,6 +8,7 @@
 #[path = "support/mod.rs"]
 mod util;
 
+mod batching;
 #[cfg(feature = "failpoints")]
 mod blame;
 #[cfg(feature = "failpoints")]
@@ -19,8 +20,10 @@ mod inbox;
 mod kit;
 #[cfg(all(feature = "mysql", feature = "testing"))]
 mod mysql;
+mod ordering;
 mod outages;
 mod outbox;
+mod partitions;
 mod poison;
 mod retries;
 mod shutdown;

@@ -5,15 +5,21 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 
+use super::acks::AckWatermark;
 use super::{BrokerError, Publisher, close_channel, deadline, short};
+
+/// The open deliveries of a subscription's channel, shared by the stream that
+/// receives them and the port that acks them. Held while acks are sent, so
+/// they leave in the order they were planned.
+type Watermark = Arc<tokio::sync::Mutex<AckWatermark>>;
 
 /// A delivery as the pipeline sees it: the broker's tag, where it came from, and
 /// what it carries. No client type leaks past the broker module.
@@ -55,8 +61,20 @@ impl From<lapin::message::Delivery> for Delivery {
 
 /// What the pipeline needs from the broker to settle a delivery.
 pub(crate) trait Port: Send + Sync {
-    /// Acks the delivery `tag` (and, with `multiple`, every earlier one).
-    fn ack(&self, tag: u64, multiple: bool) -> BoxFuture<'_, Result<(), BrokerError>>;
+    /// Acks the delivery `tag` alone.
+    fn ack(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>>;
+
+    /// Acks the deliveries `tags`, whose outcomes committed together: with one
+    /// ack carrying `multiple` where no other open delivery lies below them,
+    /// one by one where one does.
+    fn ack_all<'a>(&'a self, tags: &'a [u64]) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(async move {
+            for &tag in tags {
+                self.ack(tag).await?;
+            }
+            Ok(())
+        })
+    }
 
     /// Hands the delivery `tag` back to the broker for redelivery.
     fn requeue(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>>;
@@ -79,27 +97,54 @@ pub(crate) trait Port: Send + Sync {
 pub(crate) struct Amqp {
     channel: Channel,
     publisher: Arc<Publisher>,
+    watermark: Watermark,
+}
+
+impl Amqp {
+    async fn send_ack(&self, tag: u64, multiple: bool) -> Result<(), BrokerError> {
+        deadline(
+            "basic.ack",
+            self.channel.basic_ack(tag, BasicAckOptions { multiple }),
+        )
+        .await
+    }
 }
 
 impl Port for Amqp {
-    fn ack(&self, tag: u64, multiple: bool) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(deadline(
-            "basic.ack",
-            self.channel.basic_ack(tag, BasicAckOptions { multiple }),
-        ))
+    fn ack(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let mut watermark = self.watermark.lock().await;
+            watermark.done(tag);
+            self.send_ack(tag, false).await
+        })
+    }
+
+    fn ack_all<'a>(&'a self, tags: &'a [u64]) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let mut watermark = self.watermark.lock().await;
+            for (tag, multiple) in watermark.plan(tags) {
+                self.send_ack(tag, multiple).await?;
+            }
+            Ok(())
+        })
     }
 
     fn requeue(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(deadline(
-            "basic.nack",
-            self.channel.basic_nack(
-                tag,
-                BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                },
-            ),
-        ))
+        Box::pin(async move {
+            let mut watermark = self.watermark.lock().await;
+            watermark.done(tag);
+            deadline(
+                "basic.nack",
+                self.channel.basic_nack(
+                    tag,
+                    BasicNackOptions {
+                        multiple: false,
+                        requeue: true,
+                    },
+                ),
+            )
+            .await
+        })
     }
 
     fn publish<'a>(
@@ -122,6 +167,7 @@ pub(crate) struct Subscription {
     channel: Channel,
     tag: String,
     deliveries: lapin::Consumer,
+    watermark: Watermark,
 }
 
 impl Subscription {
@@ -153,19 +199,30 @@ impl Subscription {
             channel,
             tag: tag.to_owned(),
             deliveries,
+            watermark: Watermark::default(),
         })
     }
 
     /// The next delivery; `None` when the broker ended the subscription (the
     /// queue was deleted, the channel or connection closed).
     pub(crate) async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
-        Some(
-            self.deliveries
-                .next()
-                .await?
-                .map(Delivery::from)
-                .map_err(BrokerError::from),
-        )
+        let next = self.deliveries.next().await?;
+        Some(self.received(next).await)
+    }
+
+    /// The next delivery if the broker already sent it, without waiting.
+    pub(crate) async fn next_buffered(&mut self) -> Option<Result<Delivery, BrokerError>> {
+        let next = self.deliveries.next().now_or_never()??;
+        Some(self.received(next).await)
+    }
+
+    async fn received(
+        &self,
+        next: Result<lapin::message::Delivery, lapin::Error>,
+    ) -> Result<Delivery, BrokerError> {
+        let delivery = next.map(Delivery::from).map_err(BrokerError::from)?;
+        self.watermark.lock().await.delivered(delivery.tag);
+        Ok(delivery)
     }
 
     /// The port that settles this subscription's deliveries.
@@ -173,6 +230,7 @@ impl Subscription {
         Arc::new(Amqp {
             channel: self.channel.clone(),
             publisher,
+            watermark: Arc::clone(&self.watermark),
         })
     }
 

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use super::ConsumerConfig;
+use super::{ConsumerConfig, LaneInput, LaneKey};
 use crate::config_error::ConfigError;
+use crate::partition::{DEFAULT_LEASE_TTL, DEFAULT_PARTITION_HEADER, Partitioning};
 use crate::retry::RetryPolicy;
 use crate::tls::TlsOptions;
 use crate::topology::{BindingSpec, QueueType};
@@ -77,6 +78,34 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets the largest number of deliveries applied in one database
+    /// transaction (default [`DEFAULT_BATCH_SIZE`](crate::config::DEFAULT_BATCH_SIZE);
+    /// 1 turns batching off). A batch takes only deliveries the broker already
+    /// sent, never waiting for more, so at low load batches hold one message.
+    /// Never more than the prefetch.
+    pub fn with_batch_size(mut self, size: usize) -> Self {
+        self.config.batch_size = size;
+        self
+    }
+
+    /// Sets how a batch keeps one failing message from undoing the others
+    /// (default [`BatchIsolation::Replay`](crate::config::BatchIsolation::Replay):
+    /// no savepoints).
+    pub fn with_batch_isolation(mut self, isolation: crate::config::BatchIsolation) -> Self {
+        self.config.batch_isolation = isolation;
+        self
+    }
+
+    /// Sets the wall time after which a batch commits what it applied and leaves
+    /// the rest to the next transaction (default
+    /// [`DEFAULT_BATCH_TIME_LIMIT`](crate::config::DEFAULT_BATCH_TIME_LIMIT)). On
+    /// SQLite, a batch holds the one write lock until it commits: this bounds
+    /// how long the relay and other writers wait for it.
+    pub fn with_batch_time_limit(mut self, limit: Duration) -> Self {
+        self.config.batch_time_limit = limit;
+        self
+    }
+
     /// Sets the body size limit.
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.config.max_body_bytes = bytes;
@@ -134,6 +163,70 @@ impl ConsumerConfigBuilder {
     /// Sets the TLS options for `amqps://` (e.g. [`TlsOptions::from_env`]).
     pub fn with_tls(mut self, tls: TlsOptions) -> Self {
         self.config.tls = tls;
+        self
+    }
+
+    /// Partitions the consumer: a consistent-hash exchange `exchange` hashing on
+    /// the `partition-key` header feeds `count` queues `queue.0 .. queue.N-1`,
+    /// each with single active consumer, its own retry tiers and dead-letter
+    /// queue; the exchange given to [`bind`](Self::bind) is bound to the hash
+    /// exchange. Instances share the partitions through leases in the database.
+    /// Deliveries with the same key run one at a time, in order. Needs the
+    /// `rabbitmq_consistent_hash_exchange` plugin.
+    pub fn partitioned(mut self, exchange: impl Into<String>, count: u32) -> Self {
+        let previous = self.config.partitions.take();
+        self.config.partitions = Some(Partitioning {
+            exchange: exchange.into(),
+            count,
+            header: previous
+                .as_ref()
+                .map(|p| p.header.clone())
+                .unwrap_or_else(|| DEFAULT_PARTITION_HEADER.to_owned()),
+            lease_ttl: previous.map_or(DEFAULT_LEASE_TTL, |p| p.lease_ttl),
+        });
+        self
+    }
+
+    /// The header a partitioned consumer hashes on (default `partition-key`).
+    /// Call after [`partitioned`](Self::partitioned).
+    pub fn with_partition_header(mut self, header: impl Into<String>) -> Self {
+        if let Some(p) = &mut self.config.partitions {
+            p.header = header.into();
+        }
+        self
+    }
+
+    /// How long a partition lease lasts unrenewed (default 15 s): how long the
+    /// partitions of an instance that died silently wait before another takes
+    /// them. Call after [`partitioned`](Self::partitioned).
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        if let Some(p) = &mut self.config.partitions {
+            p.lease_ttl = ttl;
+        }
+        self
+    }
+
+    /// Deliveries with the same value of `header` run one at a time, in the
+    /// order they arrived; others still run side by side.
+    pub fn ordered_by_header(mut self, header: impl Into<String>) -> Self {
+        self.config.lanes = Some(LaneKey::Header(header.into()));
+        self
+    }
+
+    /// Deliveries for which `key` returns the same value run one at a time, in
+    /// the order they arrived; `None` puts a delivery in no lane.
+    pub fn ordered_by<F>(mut self, key: F) -> Self
+    where
+        F: Fn(&LaneInput<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.lanes = Some(LaneKey::Function(std::sync::Arc::new(key)));
+        self
+    }
+
+    /// How long a strict-sequence gap waits for the versions before it before
+    /// it is dead-lettered as `version-gap`. Must outlast the retry horizon.
+    pub fn with_gap_patience(mut self, patience: Duration) -> Self {
+        self.config.gap_patience = Some(patience);
         self
     }
 

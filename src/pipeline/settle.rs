@@ -12,8 +12,8 @@ use crate::dead_letter::{DeadLetterInfo, MAX_ERROR_LEN};
 use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
 use crate::headers::{
-    self, HEADER_ATTEMPT, HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE,
-    HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY,
+    self, HEADER_ATTEMPT, HEADER_ENTITY, HEADER_FIRST_FAILURE, HEADER_GAP_SINCE, HEADER_LAST_ERROR,
+    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_VERSION,
 };
 use crate::store::Store;
 use crate::telemetry::Outcome;
@@ -26,14 +26,12 @@ impl<S: Store> Pipeline<S> {
         port: &dyn Port,
         delivery: &Delivery,
         disposition: Disposition,
+        gated: Option<&(String, i64)>,
     ) -> Outcome {
         match disposition {
             Disposition::Ack(applied) => {
                 self.ack(port, delivery).await;
-                match applied {
-                    Applied::Committed => Outcome::Applied,
-                    Applied::Duplicate => Outcome::Duplicate,
-                }
+                acked(applied)
             }
             Disposition::Retry {
                 delay,
@@ -41,7 +39,10 @@ impl<S: Store> Pipeline<S> {
                 error,
             } => {
                 let target = self.config.retry_queue(delay);
-                let properties = self.seal(port, retry_properties(delivery, attempt, &error));
+                let properties = self.seal(
+                    port,
+                    with_version(retry_properties(delivery, attempt, &error), gated),
+                );
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
@@ -65,8 +66,11 @@ impl<S: Store> Pipeline<S> {
             } => {
                 let properties = self.seal(
                     port,
-                    self.dead_letter_record(delivery, reason, &error, attempts)
-                        .apply_to(&headers::copy_base(&delivery.properties, false)),
+                    with_version(
+                        self.dead_letter_record(delivery, reason, &error, attempts)
+                            .apply_to(&headers::copy_base(&delivery.properties, false)),
+                        gated,
+                    ),
                 );
                 let target = self.config.dead_letter_queue();
                 if self
@@ -80,6 +84,31 @@ impl<S: Store> Pipeline<S> {
                         "dead-lettered"
                     );
                     Outcome::DeadLettered(reason)
+                } else {
+                    Outcome::Returned
+                }
+            }
+            Disposition::Park {
+                delay,
+                since_ms,
+                error,
+            } => {
+                let target = self.config.retry_queue(delay);
+                let properties = self.seal(
+                    port,
+                    with_version(park_properties(delivery, since_ms), gated),
+                );
+                if self
+                    .copy_then_ack(port, delivery, &target, properties)
+                    .await
+                {
+                    tracing::info!(
+                        message_id = delivery.message_id(),
+                        wait = %crate::retry::Delay(delay),
+                        error,
+                        "version gap; parked until the versions before it apply"
+                    );
+                    Outcome::Parked
                 } else {
                     Outcome::Returned
                 }
@@ -108,6 +137,47 @@ impl<S: Store> Pipeline<S> {
                 Outcome::Returned
             }
         }
+    }
+
+    /// Sends a delivery on to the queue of partition `home`, where its key
+    /// belongs, then acks it: a copy, confirmed, at the tail of that queue.
+    /// One key's deliveries that arrive here leave one by one (their lane runs
+    /// them in order), so they reach `home` in the order they came; the
+    /// version gate covers those that overtake older ones still on their way.
+    pub(super) async fn forward(
+        &self,
+        port: &dyn Port,
+        delivery: &Delivery,
+        home: u32,
+        queue: &str,
+    ) -> Outcome {
+        let properties = self.seal(
+            port,
+            with_original_route(&headers::copy_base(&delivery.properties, true), delivery),
+        );
+        if !self.copy_then_ack(port, delivery, queue, properties).await {
+            return Outcome::Returned;
+        }
+        let forwarded = self
+            .forwarded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        // The first, the tenth, the hundredth...: loud enough to be seen, not
+        // a warning per message while the ring stays out of order.
+        if is_power_of_ten(forwarded) {
+            tracing::warn!(
+                queue_name = %self.config.queue,
+                message_id = delivery.message_id(),
+                home_partition = home,
+                forwarded,
+                "a delivery whose partition key belongs to partition {home} arrived here; sent \
+                 on to {queue:?}. The broker's hash ring is not in the order warren declared \
+                 (a broker restart can rebuild it in another order), or a producer publishes \
+                 to partition queues directly. Each such delivery costs a second hop; to route \
+                 directly again, rebuild the ring (README, \"A stable ring\")"
+            );
+        }
+        Outcome::Forwarded
     }
 
     /// Publishes a copy to `target`, waits for the confirm, then acks the
@@ -173,7 +243,7 @@ impl<S: Store> Pipeline<S> {
     }
 
     async fn ack(&self, port: &dyn Port, delivery: &Delivery) {
-        if port.ack(delivery.tag, false).await.is_err() {
+        if port.ack(delivery.tag).await.is_err() {
             self.telemetry.ack_lost(delivery.message_id());
         }
     }
@@ -209,6 +279,23 @@ impl<S: Store> Pipeline<S> {
     /// Finishes a copy: headers cut to fit a frame, warren's own signed.
     fn seal(&self, port: &dyn Port, properties: BasicProperties) -> BasicProperties {
         headers::seal(properties, self.signer(), port.frame_max())
+    }
+}
+
+/// 1, 10, 100, ...
+fn is_power_of_ten(mut n: u64) -> bool {
+    while n >= 10 && n.is_multiple_of(10) {
+        n /= 10;
+    }
+    n == 1
+}
+
+/// The outcome of a delivery acked because its transaction found `applied`.
+pub(super) fn acked(applied: Applied) -> Outcome {
+    match applied {
+        Applied::Committed => Outcome::Applied,
+        Applied::Duplicate => Outcome::Duplicate,
+        Applied::Stale => Outcome::Stale,
     }
 }
 
@@ -248,4 +335,35 @@ fn retry_properties(delivery: &Delivery, attempt: u32, error: &str) -> BasicProp
         text(truncate(error, MAX_ERROR_LEN)),
     );
     base.with_headers(headers).with_delivery_mode(PERSISTENT)
+}
+
+/// `properties` with the entity and version the gate checked, so that a
+/// replay of dead letters can go in version order per entity.
+fn with_version(properties: BasicProperties, gated: Option<&(String, i64)>) -> BasicProperties {
+    let Some((entity, version)) = gated else {
+        return properties;
+    };
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(HEADER_ENTITY.into(), text(truncate(entity, MAX_ERROR_LEN)));
+    headers.insert(HEADER_VERSION.into(), AMQPValue::LongLongInt(*version));
+    properties.with_headers(headers)
+}
+
+/// The properties of a parked copy: the original's, its attempt count
+/// untouched, with the time the gap started waiting.
+fn park_properties(delivery: &Delivery, since_ms: i64) -> BasicProperties {
+    let base = with_original_route(&headers::copy_base(&delivery.properties, false), delivery);
+    let mut headers = base.headers().clone().unwrap_or_default();
+    headers.insert(HEADER_GAP_SINCE.into(), AMQPValue::LongLongInt(since_ms));
+    base.with_headers(headers).with_delivery_mode(PERSISTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn forwards_are_logged_at_powers_of_ten() {
+        let logged: Vec<u64> = (1..=1000).filter(|&n| super::is_power_of_ten(n)).collect();
+        assert_eq!(logged, [1, 10, 100, 1000]);
+        assert!(!super::is_power_of_ten(0));
+    }
 }

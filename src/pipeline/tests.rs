@@ -100,6 +100,7 @@ async fn fixture() -> Fixture {
         // A barrier of its own, so that tests running side by side do not wait
         // on each other's suspects.
         barrier: SoloBarrier::default(),
+        forwarded: Default::default(),
     };
     Fixture {
         pipeline,
@@ -452,4 +453,243 @@ async fn shutdown_drain_acks_what_finishes_and_abandons_the_rest() {
         [(quick_tag, false)],
         "only the finished one"
     );
+}
+
+impl Fixture {
+    async fn run_together(&self, deliveries: Vec<Delivery>) -> Vec<Outcome> {
+        let batch = Batch {
+            deliveries,
+            alone: false,
+        };
+        self.pipeline.run(self.broker.as_ref(), batch).await
+    }
+
+    fn with_config(
+        mut self,
+        f: impl FnOnce(ConsumerConfigBuilder) -> ConsumerConfigBuilder,
+    ) -> Self {
+        self.pipeline.config = f(self.pipeline.config.to_builder()).build().unwrap();
+        self
+    }
+}
+
+use crate::config::ConsumerConfigBuilder;
+
+#[tokio::test]
+async fn a_batch_commits_once_and_is_acked_with_one_multiple_ack() {
+    let f = fixture().await;
+    let batch: Vec<Delivery> = (0..5).map(|_| f.message(&Job::ok())).collect();
+    let top = batch.last().unwrap().tag;
+    let outcomes = f.run_together(batch).await;
+    assert_eq!(outcomes, [Outcome::Applied; 5]);
+    assert_eq!(f.effects().await, 5);
+    assert_eq!(f.broker.acked(), [(top, true)]);
+    let s = f.stats();
+    assert_eq!((s.applied, s.batches, s.batched), (5, 1, 5));
+}
+
+#[tokio::test]
+async fn a_failing_message_in_the_middle_of_a_batch_fails_alone() {
+    let f = fixture().await;
+    let mut batch: Vec<Delivery> = (0..5).map(|_| f.message(&Job::ok())).collect();
+    batch[2] = f.message(&Job {
+        fail_until: 1,
+        ..Job::ok()
+    });
+    let failing = batch[2].tag;
+    let outcomes = f.run_together(batch).await;
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Retried
+        ],
+        "acked ones first, then the rest"
+    );
+    assert_eq!(f.effects().await, 4, "the failing one rolled back alone");
+    let s = f.stats();
+    assert_eq!((s.applied, s.retried), (4, 1));
+    // Its retry comes back and applies: it was never claimed for good.
+    f.run(f.copy_from("q.retry.100ms")).await;
+    assert_eq!(f.effects().await, 5);
+    assert!(
+        f.broker.acked().iter().any(|&(t, _)| t == failing),
+        "the failing delivery is acked once its copy is confirmed"
+    );
+}
+
+#[tokio::test]
+async fn a_panic_in_a_batch_poisons_nothing_else() {
+    let f = fixture().await;
+    let mut batch: Vec<Delivery> = (0..4).map(|_| f.message(&Job::ok())).collect();
+    batch[1] = f.message(&Job {
+        panic: true,
+        ..Job::ok()
+    });
+    let outcomes = f.run_together(batch).await;
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Applied).count(),
+        3
+    );
+    assert_eq!(f.effects().await, 3);
+    let s = f.stats();
+    assert_eq!(
+        (s.applied, s.retried, s.panics),
+        (3, 1, 1),
+        "one panic counted once"
+    );
+}
+
+#[tokio::test]
+async fn two_copies_of_one_message_in_a_batch_apply_once() {
+    let f = fixture().await;
+    let first = f.message(&Job::ok());
+    let copy = Delivery {
+        tag: 50,
+        ..first.clone()
+    };
+    let other = f.message(&Job::ok());
+    let outcomes = f.run_together(vec![first, other, copy]).await;
+    assert_eq!(
+        outcomes,
+        [Outcome::Applied, Outcome::Applied, Outcome::Duplicate]
+    );
+    assert_eq!(f.effects().await, 2);
+}
+
+#[tokio::test]
+async fn a_copy_behind_a_failing_original_in_a_batch_still_applies_once() {
+    let f = fixture().await;
+    let failing = f.message(&Job {
+        fail_until: 1,
+        ..Job::ok()
+    });
+    let copy = Delivery {
+        tag: 60,
+        ..failing.clone()
+    };
+    f.run_together(vec![failing, f.message(&Job::ok()), copy])
+        .await;
+    // The original failed on its first attempt and the copy (also a first
+    // attempt) failed the same way: both went to the retry tier, nothing applied.
+    assert_eq!(f.effects().await, 1);
+    f.run(f.copy_from("q.retry.100ms")).await;
+    f.run(f.copy_from("q.retry.100ms")).await;
+    assert_eq!(f.effects().await, 2, "one message id, applied once");
+}
+
+#[tokio::test]
+async fn a_batch_past_its_time_limit_commits_what_ran_and_leaves_the_rest() {
+    let f = fixture()
+        .await
+        .with_config(|c| c.with_batch_time_limit(30 * MS));
+    let slow = Job {
+        hang_ms: 20,
+        ..Job::ok()
+    };
+    let batch: Vec<Delivery> = (0..6).map(|_| f.message(&slow)).collect();
+    let outcomes = f.run_together(batch).await;
+    assert_eq!(outcomes, [Outcome::Applied; 6]);
+    assert_eq!(f.effects().await, 6);
+    let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM warren_inbox")
+        .fetch_one(f.pipeline.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        inbox, 6,
+        "claims of the rest were taken back, then made again"
+    );
+    let s = f.stats();
+    assert!(s.batches >= 2, "cut into several transactions: {s:?}");
+}
+
+fn with_savepoints(c: ConsumerConfigBuilder) -> ConsumerConfigBuilder {
+    c.with_batch_isolation(crate::config::BatchIsolation::Savepoints {
+        handler_savepoints: 0,
+    })
+}
+
+#[tokio::test]
+async fn with_savepoints_a_failing_message_rolls_back_alone_in_the_same_transaction() {
+    let f = fixture().await.with_config(with_savepoints);
+    let mut batch: Vec<Delivery> = (0..5).map(|_| f.message(&Job::ok())).collect();
+    batch[2] = f.message(&Job {
+        fail_until: 1,
+        ..Job::ok()
+    });
+    batch[4] = f.message(&Job {
+        permanent: true,
+        ..Job::ok()
+    });
+    let outcomes = f.run_together(batch).await;
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Applied).count(),
+        3
+    );
+    assert_eq!(
+        f.effects().await,
+        3,
+        "both failures rolled back to their savepoints"
+    );
+    let s = f.stats();
+    assert_eq!(
+        (s.applied, s.retried, s.dead_lettered, s.batches, s.batched),
+        (3, 1, 1, 1, 3),
+        "one transaction, nothing replayed: {s:?}"
+    );
+    // The retry comes back and applies: its claim went with its savepoint.
+    f.run(f.copy_from("q.retry.100ms")).await;
+    assert_eq!(f.effects().await, 4);
+}
+
+#[tokio::test]
+async fn with_savepoints_copies_and_panics_keep_every_message_once() {
+    let f = fixture().await.with_config(with_savepoints);
+    let first = f.message(&Job::ok());
+    let copy = Delivery {
+        tag: 70,
+        ..first.clone()
+    };
+    let panicking = f.message(&Job {
+        panic: true,
+        ..Job::ok()
+    });
+    let other = f.message(&Job::ok());
+    let outcomes = f.run_together(vec![first, panicking, other, copy]).await;
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Applied).count(),
+        2,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == Outcome::Duplicate)
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(f.effects().await, 2);
+    let s = f.stats();
+    assert_eq!((s.retried, s.panics), (1, 1), "{s:?}");
+}
+
+#[test]
+fn savepoints_cap_a_batch_at_the_subtransactions_left() {
+    use crate::config::{BatchIsolation, ConsumerConfig};
+    let config = |handler_savepoints| {
+        ConsumerConfig::builder("c", "q")
+            .with_prefetch(500)
+            .with_batch_size(200)
+            .with_batch_isolation(BatchIsolation::Savepoints { handler_savepoints })
+            .build()
+    };
+    assert_eq!(config(0).unwrap().batch_size(), 64);
+    assert_eq!(config(3).unwrap().batch_size(), 16);
+    assert_eq!(config(40).unwrap().batch_size(), 1);
+    let refused = config(64).unwrap_err().to_string();
+    assert!(refused.contains("batch isolation"), "{refused}");
 }

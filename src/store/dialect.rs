@@ -63,6 +63,9 @@ pub struct Statements {
     /// the inbox row, affecting one row if the claim is new and none (or a
     /// refused-claim error) if the message id was claimed before.
     pub claim: &'static str,
+    /// (consumer, message id): deletes the inbox row a batch claimed for a
+    /// message it leaves to the next transaction.
+    pub unclaim: &'static str,
     /// (consumer, cutoff, batch): deletes up to `batch` inbox rows processed
     /// before the cutoff.
     pub purge_inbox: &'static str,
@@ -83,7 +86,8 @@ pub struct Statements {
     /// Run after each outbox insert, in the same transaction, to wake relays in
     /// other processes at commit; `None` where the database cannot.
     pub notify_outbox: Option<&'static str>,
-    /// (id): the row was published; frees any lease.
+    /// (ids, a JSON array of integers): the rows were published; frees their
+    /// leases. One statement for a whole batch.
     pub mark_published: &'static str,
     /// (error, id): the row failed for good; frees any lease.
     pub mark_failed: &'static str,
@@ -105,6 +109,28 @@ pub struct Statements {
     pub insert_setting: &'static str,
     /// (name): reads a setting.
     pub select_setting: &'static str,
+    /// Creates the lease row of one partition if missing: consumer, partition.
+    pub lease_ensure: &'static str,
+    /// Takes a free or expired lease: owner, expires, consumer, partition, now.
+    pub lease_acquire: &'static str,
+    /// Extends a lease still held: expires, consumer, partition, owner.
+    pub lease_renew: &'static str,
+    /// Gives a lease back: consumer, partition, owner.
+    pub lease_release: &'static str,
+    /// Every lease of a consumer: consumer. Columns partition, owner, expires.
+    pub leases: &'static str,
+    /// Announces a live instance: consumer, member, expires.
+    pub member_beat: &'static str,
+    /// Live instances, sorted: consumer, now.
+    pub members: &'static str,
+    /// Removes an instance, and any that expired long ago: consumer, member, cutoff.
+    pub member_leave: &'static str,
+    /// Creates an entity's version row at 0 if missing: scope, entity.
+    pub version_ensure: &'static str,
+    /// Reads an entity's version and locks the row: scope, entity.
+    pub version_lock: &'static str,
+    /// Stores an entity's version: version, scope, entity.
+    pub version_set: &'static str,
 }
 
 /// A SQL database warren's store runs on: its statements and its hooks.
@@ -132,6 +158,14 @@ pub trait SqlDialect: Database {
     /// A stored time as a `DateTime`, if it reads as one.
     fn parse_time(t: Self::Time) -> Option<DateTime<Utc>>;
 
+    /// The `n`-th bind placeholder (from 1) of a statement built at run time,
+    /// where the dialect claims several messages in one statement
+    /// (`INSERT ... VALUES (...), (...) ON CONFLICT DO NOTHING RETURNING`);
+    /// `None` where it claims one at a time.
+    fn numbered_placeholder(_n: usize) -> Option<String> {
+        None
+    }
+
     /// How many rows a statement changed (sqlx has no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
 
@@ -141,10 +175,32 @@ pub trait SqlDialect: Database {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 
+    /// Runs `sql`, which binds nothing (a savepoint statement), on `conn`.
+    fn execute_raw<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
     /// Inserts one outbox row on `conn`, inside whatever transaction it is in.
     fn insert_outbox<'c>(
         conn: &'c mut Self::Connection,
         row: &'c NewOutboxRow<'c>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
+
+    /// The stored version of `entity` in `scope` (0 if none), its row locked
+    /// until the transaction ends. Behind the version gate.
+    fn read_version<'c>(
+        conn: &'c mut Self::Connection,
+        scope: &'c str,
+        entity: &'c str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'c;
+
+    /// Stores `version` for `entity` in `scope` in the open transaction.
+    fn write_version<'c>(
+        conn: &'c mut Self::Connection,
+        scope: &'c str,
+        entity: &'c str,
+        version: i64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
 
     /// Takes up to `limit` unpublished rows, in any order, so that no other
@@ -185,6 +241,7 @@ impl Statements {
             ("begin", self.begin, 0),
             ("ping", self.ping, 0),
             ("claim", self.claim, 5),
+            ("unclaim", self.unclaim, 2),
             ("purge_inbox", self.purge_inbox, 3),
             ("purge_redeliveries", self.purge_redeliveries, 3),
             ("record_solo_run", self.record_solo_run, 2),
@@ -200,6 +257,17 @@ impl Statements {
             ("delete_published_before", self.delete_published_before, 2),
             ("insert_setting", self.insert_setting, 2),
             ("select_setting", self.select_setting, 1),
+            ("lease_ensure", self.lease_ensure, 2),
+            ("lease_acquire", self.lease_acquire, 5),
+            ("lease_renew", self.lease_renew, 4),
+            ("lease_release", self.lease_release, 3),
+            ("leases", self.leases, 1),
+            ("member_beat", self.member_beat, 3),
+            ("members", self.members, 2),
+            ("member_leave", self.member_leave, 3),
+            ("version_ensure", self.version_ensure, 2),
+            ("version_lock", self.version_lock, 2),
+            ("version_set", self.version_set, 3),
         ];
         let optional = [
             ("after_begin", self.after_begin, 0),
@@ -285,13 +353,13 @@ mod tests {
     #[test]
     fn postgres_statements_bind_what_the_shared_code_binds() {
         check_statements::<sqlx::Postgres>();
-        super::super::migrations::check_list(&sqlx::Postgres::MIGRATIONS, &[2, 1, 3, 2, 1]);
+        super::super::migrations::check_list(&sqlx::Postgres::MIGRATIONS, &[2, 1, 3, 2, 1, 3]);
     }
 
     #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_statements_bind_what_the_shared_code_binds() {
         check_statements::<sqlx::Sqlite>();
-        super::super::migrations::check_list(&sqlx::Sqlite::MIGRATIONS, &[2, 1, 3, 1, 2, 1]);
+        super::super::migrations::check_list(&sqlx::Sqlite::MIGRATIONS, &[2, 1, 3, 1, 2, 1, 3]);
     }
 }

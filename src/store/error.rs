@@ -124,6 +124,7 @@ pub fn is_permanent_data_error(e: &sqlx::Error) -> bool {
 }
 
 /// The MySQL and MariaDB errors [`is_permanent_data_error`] lists.
+#[cfg(feature = "mysql")]
 pub(crate) const MYSQL_DATA_ERRORS: &[u16] = &[
     1264, 1265, 1292, 1300, 1365, 1366, 1367, 1406, 1690, 3140, 3819, 4025,
 ];

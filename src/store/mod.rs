@@ -40,6 +40,7 @@ pub use sql::SqlStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tx::Tx;
+
 pub(crate) use tx::insert_outbox;
 
 /// A database dialect warren's store runs on and writes its outbox in:
@@ -144,6 +145,35 @@ pub trait Store: Clone + Send + Sync + 'static {
         entry: &'a InboxEntry<'a>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
+    /// Claims every one of `entries` (distinct message ids) inside `tx`, in
+    /// the order given, and says which were new: one statement where the
+    /// dialect allows it, one per entry where it does not. A batch claims its
+    /// messages sorted by id, so that two batches never wait on each other in
+    /// a cycle.
+    fn claim_all<'a>(
+        &'a self,
+        tx: &'a mut Tx<Self::Db>,
+        entries: &'a [InboxEntry<'a>],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send + 'a {
+        async move {
+            let mut claimed = Vec::with_capacity(entries.len());
+            for entry in entries {
+                claimed.push(self.claim(tx, entry).await?);
+            }
+            Ok(claimed)
+        }
+    }
+
+    /// Takes back, inside `tx`, a claim made in `tx` for a message the
+    /// transaction will not apply: a batch that reached its time limit leaves
+    /// the rest of its messages to the next transaction, claims included.
+    fn unclaim<'a>(
+        &'a self,
+        tx: &'a mut Tx<Self::Db>,
+        consumer: &'a str,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
     /// Deletes up to `batch` inbox rows of `consumer` processed before `cutoff`,
     /// and as many redelivery counts last touched before it; returns how many
     /// inbox rows went. Callers loop until fewer than `batch` come back, so no
@@ -176,6 +206,82 @@ pub trait Store: Clone + Send + Sync + 'static {
         consumer: &'a str,
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// The partition leases of a partitioned consumer (see
+    /// [`crate::partition`]): who holds which partition, until when.
+    fn leases<'a>(
+        &'a self,
+        consumer: &'a str,
+    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send + 'a;
+
+    /// One step of the lease protocol for `member` of `consumer`, each in its own
+    /// committed statement. Times are milliseconds since the epoch.
+    fn lease_step<'a>(
+        &'a self,
+        consumer: &'a str,
+        member: &'a str,
+        step: LeaseStep,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+
+    /// The live members of `consumer` at `now_ms`, sorted.
+    fn lease_members<'a>(
+        &'a self,
+        consumer: &'a str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send + 'a;
+}
+
+/// A partition lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The partition number, from 0.
+    pub partition: u32,
+    /// The member holding it; empty when free.
+    pub owner: String,
+    /// Until when (milliseconds since the epoch) the holder may keep it unrenewed.
+    pub expires_ms: i64,
+}
+
+/// One statement of the lease protocol. `true` from [`Store::lease_step`] means
+/// the step took effect (a lease taken, renewed or given back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// Creates the rows of partitions `0..count` where missing.
+    Setup {
+        /// Partitions.
+        count: u32,
+    },
+    /// Announces the member alive until `expires_ms`.
+    Beat {
+        /// Alive until.
+        expires_ms: i64,
+    },
+    /// Removes the member (and members expired before `cutoff_ms`).
+    Leave {
+        /// Members expired before this are removed too.
+        cutoff_ms: i64,
+    },
+    /// Takes `partition` if it is free or its lease expired before `now_ms`.
+    Acquire {
+        /// Partition.
+        partition: u32,
+        /// Held until.
+        expires_ms: i64,
+        /// Now.
+        now_ms: i64,
+    },
+    /// Extends a lease the member still holds.
+    Renew {
+        /// Partition.
+        partition: u32,
+        /// Held until.
+        expires_ms: i64,
+    },
+    /// Gives a lease back.
+    Release {
+        /// Partition.
+        partition: u32,
+    },
 }
 
 /// The outbox side of a store: what the relay and the operators' tools need.

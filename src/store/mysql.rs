@@ -99,6 +99,7 @@ impl SqlDialect for MySql {
         claim: "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
              VALUES (?, ?, ?, ?, ?)",
         // Batched deletes along an index: only the rows they remove are locked.
+        unclaim: "DELETE FROM warren_inbox WHERE consumer_name = ? AND message_id = ?",
         purge_inbox: "DELETE FROM warren_inbox
              WHERE consumer_name = ? AND processed_at < ? ORDER BY processed_at LIMIT ?",
         purge_redeliveries: "DELETE FROM warren_redeliveries
@@ -115,7 +116,7 @@ impl SqlDialect for MySql {
              VALUES (?, ?, ?, ?, ?)",
         notify_outbox: None,
         mark_published: "UPDATE warren_outbox SET published_at = UTC_TIMESTAMP(6), attempts = attempts + 1
-             WHERE id = ?",
+             WHERE id IN (SELECT j.id FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j)",
         mark_failed: "UPDATE warren_outbox SET failed_at = UTC_TIMESTAMP(6), attempts = attempts + 1,
              last_error = ? WHERE id = ?",
         mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
@@ -135,6 +136,26 @@ impl SqlDialect for MySql {
         insert_setting: "INSERT INTO warren_settings (name, value) VALUES (?, ?)
              ON DUPLICATE KEY UPDATE name = name",
         select_setting: "SELECT value FROM warren_settings WHERE name = ?",
+        lease_ensure: "INSERT IGNORE INTO warren_partition_leases (consumer_name, partition_no)
+             VALUES (?, ?)",
+        lease_acquire: "UPDATE warren_partition_leases SET owner = ?, expires_ms = ?
+             WHERE consumer_name = ? AND partition_no = ? AND (owner = '' OR expires_ms < ?)",
+        lease_renew: "UPDATE warren_partition_leases SET expires_ms = ?
+             WHERE consumer_name = ? AND partition_no = ? AND owner = ?",
+        lease_release: "UPDATE warren_partition_leases SET owner = '', expires_ms = 0
+             WHERE consumer_name = ? AND partition_no = ? AND owner = ?",
+        leases: "SELECT partition_no, owner, expires_ms FROM warren_partition_leases
+             WHERE consumer_name = ? ORDER BY partition_no",
+        member_beat: "INSERT INTO warren_partition_members (consumer_name, member, expires_ms)
+             VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE expires_ms = VALUES(expires_ms)",
+        members: "SELECT member FROM warren_partition_members
+             WHERE consumer_name = ? AND expires_ms > ? ORDER BY member",
+        member_leave: "DELETE FROM warren_partition_members
+             WHERE consumer_name = ? AND (member = ? OR expires_ms < ?)",
+        version_ensure: "INSERT IGNORE INTO warren_versions (scope, entity, version)
+             VALUES (?, ?, 0)",
+        version_lock: "SELECT version FROM warren_versions WHERE scope = ? AND entity = ? FOR UPDATE",
+        version_set: "UPDATE warren_versions SET version = ? WHERE scope = ? AND entity = ?",
     };
 
     const MIGRATIONS: Migrations = Migrations {
@@ -165,6 +186,11 @@ impl SqlDialect for MySql {
                 name: "settings",
                 sql: include_str!("migrations/mysql/0004_settings.sql"),
             },
+            Migration {
+                version: 5,
+                name: "partition leases, versions",
+                sql: include_str!("migrations/mysql/0005_partitions_versions.sql"),
+            },
         ],
     };
 
@@ -190,11 +216,33 @@ impl SqlDialect for MySql {
         Ok(())
     }
 
+    async fn execute_raw(conn: &mut MySqlConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+        conn.execute(sqlx::raw_sql(sql)).await?;
+        Ok(())
+    }
+
     async fn insert_outbox<'c>(
         conn: &'c mut MySqlConnection,
         row: &'c NewOutboxRow<'c>,
     ) -> Result<(), StoreError> {
         super::sql::insert_outbox::<MySql>(conn, row).await
+    }
+
+    async fn read_version<'c>(
+        conn: &'c mut MySqlConnection,
+        scope: &'c str,
+        entity: &'c str,
+    ) -> Result<i64, StoreError> {
+        super::sql::read_version::<MySql>(conn, scope, entity).await
+    }
+
+    async fn write_version<'c>(
+        conn: &'c mut MySqlConnection,
+        scope: &'c str,
+        entity: &'c str,
+        version: i64,
+    ) -> Result<(), StoreError> {
+        super::sql::write_version::<MySql>(conn, scope, entity, version).await
     }
 
     /// The rows stay locked in the open transaction until their outcomes are

@@ -123,6 +123,7 @@ impl SqlDialect for Postgres {
         claim: "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
              VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (consumer_name, message_id) DO NOTHING",
+        unclaim: "DELETE FROM warren_inbox WHERE consumer_name = $1 AND message_id = $2",
         purge_inbox: "DELETE FROM warren_inbox WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_inbox
                 WHERE consumer_name = $1 AND processed_at < $2 LIMIT $3)",
@@ -142,7 +143,7 @@ impl SqlDialect for Postgres {
         // Delivered only if and when the transaction commits.
         notify_outbox: Some("SELECT pg_notify('warren_outbox', '')"),
         mark_published: "UPDATE warren_outbox SET published_at = clock_timestamp(), attempts = attempts + 1
-             WHERE id = $1",
+             WHERE id IN (SELECT jsonb_array_elements_text($1::text::jsonb)::bigint)",
         mark_failed: "UPDATE warren_outbox SET failed_at = clock_timestamp(), attempts = attempts + 1,
              last_error = $1 WHERE id = $2",
         mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = $1 WHERE id = $2",
@@ -161,6 +162,26 @@ impl SqlDialect for Postgres {
         insert_setting: "INSERT INTO warren_settings (name, value) VALUES ($1, $2)
              ON CONFLICT (name) DO NOTHING",
         select_setting: "SELECT value FROM warren_settings WHERE name = $1",
+        lease_ensure: "INSERT INTO warren_partition_leases (consumer_name, partition_no)
+             VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        lease_acquire: "UPDATE warren_partition_leases SET owner = $1, expires_ms = $2
+             WHERE consumer_name = $3 AND partition_no = $4 AND (owner = '' OR expires_ms < $5)",
+        lease_renew: "UPDATE warren_partition_leases SET expires_ms = $1
+             WHERE consumer_name = $2 AND partition_no = $3 AND owner = $4",
+        lease_release: "UPDATE warren_partition_leases SET owner = '', expires_ms = 0
+             WHERE consumer_name = $1 AND partition_no = $2 AND owner = $3",
+        leases: "SELECT partition_no, owner, expires_ms FROM warren_partition_leases
+             WHERE consumer_name = $1 ORDER BY partition_no",
+        member_beat: "INSERT INTO warren_partition_members (consumer_name, member, expires_ms)
+             VALUES ($1, $2, $3) ON CONFLICT (consumer_name, member) DO UPDATE SET expires_ms = excluded.expires_ms",
+        members: "SELECT member FROM warren_partition_members
+             WHERE consumer_name = $1 AND expires_ms > $2 ORDER BY member",
+        member_leave: "DELETE FROM warren_partition_members
+             WHERE consumer_name = $1 AND (member = $2 OR expires_ms < $3)",
+        version_ensure: "INSERT INTO warren_versions (scope, entity, version)
+             VALUES ($1, $2, 0) ON CONFLICT DO NOTHING",
+        version_lock: "SELECT version FROM warren_versions WHERE scope = $1 AND entity = $2 FOR UPDATE",
+        version_set: "UPDATE warren_versions SET version = $1 WHERE scope = $2 AND entity = $3",
     };
 
     const MIGRATIONS: Migrations = Migrations {
@@ -198,6 +219,11 @@ impl SqlDialect for Postgres {
                 name: "settings",
                 sql: include_str!("migrations/postgres/0005_settings.sql"),
             },
+            Migration {
+                version: 6,
+                name: "partition leases, versions",
+                sql: include_str!("migrations/postgres/0006_partitions_versions.sql"),
+            },
         ],
     };
 
@@ -215,10 +241,19 @@ impl SqlDialect for Postgres {
         done.rows_affected()
     }
 
+    fn numbered_placeholder(n: usize) -> Option<String> {
+        Some(format!("${n}"))
+    }
+
     async fn check_before_commit(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         // Fails with 25P02 (in failed SQL transaction) if an earlier statement
         // aborted the transaction.
         sqlx::query("SELECT 1").execute(conn).await?;
+        Ok(())
+    }
+
+    async fn execute_raw(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, sqlx::raw_sql(sql)).await?;
         Ok(())
     }
 
@@ -227,6 +262,23 @@ impl SqlDialect for Postgres {
         row: &'c NewOutboxRow<'c>,
     ) -> Result<(), StoreError> {
         super::sql::insert_outbox::<Postgres>(conn, row).await
+    }
+
+    async fn read_version<'c>(
+        conn: &'c mut PgConnection,
+        scope: &'c str,
+        entity: &'c str,
+    ) -> Result<i64, StoreError> {
+        super::sql::read_version::<Postgres>(conn, scope, entity).await
+    }
+
+    async fn write_version<'c>(
+        conn: &'c mut PgConnection,
+        scope: &'c str,
+        entity: &'c str,
+        version: i64,
+    ) -> Result<(), StoreError> {
+        super::sql::write_version::<Postgres>(conn, scope, entity, version).await
     }
 
     /// The rows stay locked in the open transaction until their outcomes are

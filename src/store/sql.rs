@@ -3,6 +3,8 @@
 //! [`SqlDialect`](super::dialect::SqlDialect).
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
@@ -17,7 +19,16 @@ use crate::outbox_row::{FailedRow, OutboxRow, RowOutcome};
 pub struct SqlStore<D: Database> {
     pub(super) pool: Pool<D>,
     pub(super) wakeups: Wakeups,
+    /// Where the database has one writer (SQLite): the turns of this process's
+    /// writers, taken in the order asked for. Without it they would all poll
+    /// the file lock, sleeping up to 100 ms between tries however soon it is
+    /// free, and a lease renewal could lose to a stream of consumer
+    /// transactions for longer than its lease lasts.
+    pub(super) writer: Option<Arc<tokio::sync::Mutex<()>>>,
 }
+
+/// A writer's turn on a one-writer database, held until its transaction ends.
+pub(crate) type WriteTurn = Option<tokio::sync::OwnedMutexGuard<()>>;
 
 impl<D: Database> SqlStore<D> {
     #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -25,6 +36,27 @@ impl<D: Database> SqlStore<D> {
         Self {
             pool,
             wakeups: Wakeups::default(),
+            writer: None,
+        }
+    }
+
+    /// Writers of this store take turns, first come first served.
+    #[cfg(feature = "sqlite")]
+    pub(super) fn one_writer_at_a_time(mut self) -> Self {
+        self.writer = Some(Arc::default());
+        self
+    }
+
+    /// Waits for this process's turn to write, where writers take turns. As
+    /// long as SQLite's own busy timeout at most: past it, the database counts
+    /// as unreachable, as a lock SQLite itself could not get would.
+    async fn write_turn(&self) -> Result<WriteTurn, StoreError> {
+        let Some(writer) = &self.writer else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(WRITE_TURN_TIMEOUT, Arc::clone(writer).lock_owned()).await {
+            Ok(turn) => Ok(Some(turn)),
+            Err(_) => Err(StoreError::Database(sqlx::Error::PoolTimedOut)),
         }
     }
 
@@ -39,6 +71,7 @@ impl<D: Database> Clone for SqlStore<D> {
         Self {
             pool: self.pool.clone(),
             wakeups: self.wakeups.clone(),
+            writer: self.writer.clone(),
         }
     }
 }
@@ -50,6 +83,88 @@ impl<D: Database> std::fmt::Debug for SqlStore<D> {
             .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
+}
+
+/// How long a writer waits for its turn: SQLite's busy timeout.
+const WRITE_TURN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The statement that claims `rows` messages at once, where the dialect
+/// numbers its placeholders; the rows are inserted in the order bound.
+fn multi_row_claim<D: super::dialect::SqlDialect>(rows: usize) -> Option<String> {
+    let mut sql = String::from(
+        "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at) VALUES ",
+    );
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 1..=5 {
+            if column > 1 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&D::numbered_placeholder(row * 5 + column)?);
+        }
+        sql.push(')');
+    }
+    sql.push_str(" ON CONFLICT (consumer_name, message_id) DO NOTHING RETURNING message_id");
+    Some(sql)
+}
+
+/// The stored version of `entity` in `scope` (0 if none yet), its row created
+/// if missing and locked until the transaction ends: the one shared read behind
+/// each dialect's [`SqlDialect::read_version`](super::dialect::SqlDialect::read_version).
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(super) async fn read_version<D>(
+    conn: &mut D::Connection,
+    scope: &str,
+    entity: &str,
+) -> Result<i64, StoreError>
+where
+    D: super::dialect::SqlDialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'s> &'s str: Encode<'s, D> + Type<D>,
+    i64: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
+    usize: ColumnIndex<D::Row>,
+{
+    // Creating the row first makes the lock below exist even for a new entity:
+    // a second transaction for it waits here until the first one ends.
+    sqlx::query(D::SQL.version_ensure)
+        .bind(scope)
+        .bind(entity)
+        .execute(&mut *conn)
+        .await?;
+    let version: i64 = sqlx::query_scalar(D::SQL.version_lock)
+        .bind(scope)
+        .bind(entity)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(version)
+}
+
+/// Stores `version` for `entity` in `scope`, in the open transaction.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(super) async fn write_version<D>(
+    conn: &mut D::Connection,
+    scope: &str,
+    entity: &str,
+    version: i64,
+) -> Result<(), StoreError>
+where
+    D: super::dialect::SqlDialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'s> &'s str: Encode<'s, D> + Type<D>,
+    i64: for<'q> Encode<'q, D> + Type<D>,
+{
+    sqlx::query(D::SQL.version_set)
+        .bind(version)
+        .bind(scope)
+        .bind(entity)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// The one shared insert behind each dialect's
@@ -107,9 +222,110 @@ macro_rules! shared_impl {
 
 shared_impl! {
     impl Store {
+        async fn leases<'a>(&'a self, consumer: &'a str) -> Result<Vec<super::Lease>, StoreError> {
+            let rows: Vec<(i64, String, i64)> = sqlx::query_as(D::SQL.leases)
+                .bind(consumer)
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(partition, owner, expires_ms)| super::Lease {
+                    partition: u32::try_from(partition).unwrap_or(u32::MAX),
+                    owner,
+                    expires_ms,
+                })
+                .collect())
+        }
+
+        async fn lease_step<'a>(
+            &'a self,
+            consumer: &'a str,
+            member: &'a str,
+            step: super::LeaseStep,
+        ) -> Result<bool, StoreError> {
+            use super::LeaseStep;
+            let _turn = self.write_turn().await?;
+            let done = match step {
+                LeaseStep::Setup { count } => {
+                    for partition in 0..count {
+                        sqlx::query(D::SQL.lease_ensure)
+                            .bind(consumer)
+                            .bind(i64::from(partition))
+                            .execute(&self.pool)
+                            .await?;
+                    }
+                    return Ok(true);
+                }
+                LeaseStep::Beat { expires_ms } => {
+                    sqlx::query(D::SQL.member_beat)
+                        .bind(consumer)
+                        .bind(member)
+                        .bind(expires_ms)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Leave { cutoff_ms } => {
+                    sqlx::query(D::SQL.member_leave)
+                        .bind(consumer)
+                        .bind(member)
+                        .bind(cutoff_ms)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Acquire {
+                    partition,
+                    expires_ms,
+                    now_ms,
+                } => {
+                    sqlx::query(D::SQL.lease_acquire)
+                        .bind(member)
+                        .bind(expires_ms)
+                        .bind(consumer)
+                        .bind(i64::from(partition))
+                        .bind(now_ms)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Renew {
+                    partition,
+                    expires_ms,
+                } => {
+                    sqlx::query(D::SQL.lease_renew)
+                        .bind(expires_ms)
+                        .bind(consumer)
+                        .bind(i64::from(partition))
+                        .bind(member)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Release { partition } => {
+                    sqlx::query(D::SQL.lease_release)
+                        .bind(consumer)
+                        .bind(i64::from(partition))
+                        .bind(member)
+                        .execute(&self.pool)
+                        .await?
+                }
+            };
+            Ok(D::rows_affected(&done) > 0)
+        }
+
+        async fn lease_members<'a>(
+            &'a self,
+            consumer: &'a str,
+            now_ms: i64,
+        ) -> Result<Vec<String>, StoreError> {
+            Ok(sqlx::query_scalar(D::SQL.members)
+                .bind(consumer)
+                .bind(now_ms)
+                .fetch_all(&self.pool)
+                .await?)
+        }
+
         type Db = D;
 
         async fn migrate(&self) -> Result<(), StoreError> {
+            let _turn = self.write_turn().await?;
             let mut conn = self.pool.acquire().await?;
             let applied = apply_migrations::<D>(&mut conn).await;
             // A lock that outlives the transaction is released whatever happened:
@@ -128,6 +344,7 @@ shared_impl! {
         /// Every process on the database races to insert its candidate; the
         /// first insert wins, and all of them read the same key back.
         async fn signing_key(&self) -> Result<Vec<u8>, StoreError> {
+            let _turn = self.write_turn().await?;
             let mut conn = self.pool.acquire().await?;
             sqlx::query(D::SQL.insert_setting)
                 .bind(super::SIGNING_KEY_SETTING)
@@ -146,11 +363,12 @@ shared_impl! {
         }
 
         async fn begin(&self) -> Result<super::Tx<D>, StoreError> {
+            let turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
             if let Some(mark) = D::SQL.after_begin {
                 Executor::execute(&mut *tx, sqlx::raw_sql(mark)).await?;
             }
-            Ok(super::Tx::new(tx))
+            Ok(super::Tx::new(tx, turn))
         }
 
         async fn claim<'a>(
@@ -173,12 +391,53 @@ shared_impl! {
             }
         }
 
+        async fn claim_all<'a>(
+            &'a self,
+            tx: &'a mut super::Tx<D>,
+            entries: &'a [InboxEntry<'a>],
+        ) -> Result<Vec<bool>, StoreError> {
+            let Some(sql) = multi_row_claim::<D>(entries.len()) else {
+                let mut claimed = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    claimed.push(self.claim(tx, entry).await?);
+                }
+                return Ok(claimed);
+            };
+            let mut query = sqlx::query_scalar::<D, String>(sqlx::AssertSqlSafe(sql));
+            for entry in entries {
+                query = query
+                    .bind(entry.consumer_name)
+                    .bind(entry.message_id)
+                    .bind(entry.event_type)
+                    .bind(entry.correlation_id)
+                    .bind(D::time(entry.received_at));
+            }
+            let new: std::collections::HashSet<String> =
+                query.fetch_all(tx.conn()).await?.into_iter().collect();
+            Ok(entries.iter().map(|e| new.contains(e.message_id)).collect())
+        }
+
+        async fn unclaim<'a>(
+            &'a self,
+            tx: &'a mut super::Tx<D>,
+            consumer: &'a str,
+            message_id: &'a str,
+        ) -> Result<(), StoreError> {
+            sqlx::query(D::SQL.unclaim)
+                .bind(consumer)
+                .bind(message_id)
+                .execute(tx.conn())
+                .await?;
+            Ok(())
+        }
+
         async fn purge_inbox<'a>(
             &'a self,
             consumer: &'a str,
             cutoff: DateTime<Utc>,
             batch: u32,
         ) -> Result<u64, StoreError> {
+            let _turn = self.write_turn().await?;
             let mut deleted = [0; 2];
             // Redelivery counts older than the window belong to messages long
             // settled.
@@ -202,6 +461,7 @@ shared_impl! {
             consumer: &'a str,
             message_id: &'a str,
         ) -> Result<u32, StoreError> {
+            let _turn = self.write_turn().await?;
             let count: i64 = match D::SQL.solo_run_count {
                 None => {
                     sqlx::query_scalar(D::SQL.record_solo_run)
@@ -240,7 +500,10 @@ shared_impl! {
                 .bind(message_id);
             match tx {
                 Some(tx) => query.execute(tx.conn()).await?,
-                None => query.execute(&self.pool).await?,
+                None => {
+                    let _turn = self.write_turn().await?;
+                    query.execute(&self.pool).await?
+                }
             };
             Ok(())
         }
@@ -263,7 +526,14 @@ shared_impl! {
             Fut: Future<Output = Vec<(i64, RowOutcome)>> + Send + 'a,
         {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            // Where writers take turns, the batch is taken in a short write
+            // of its own (the dialect holds no transaction while it is
+            // published), and its outcomes are marked in another.
+            let mut turn = self.write_turn().await?;
             let (held, mut raw) = D::take_batch(&self.pool, limit).await?;
+            if held.is_none() {
+                drop(turn.take());
+            }
             if raw.is_empty() {
                 if let Some(tx) = held {
                     tx.rollback().await?;
@@ -279,11 +549,20 @@ shared_impl! {
             outcomes.extend(unreadable);
             let mut tx = match held {
                 Some(tx) => tx,
-                None => self.pool.begin_with(D::SQL.begin).await?,
+                None => {
+                    turn = self.write_turn().await?;
+                    self.pool.begin_with(D::SQL.begin).await?
+                }
             };
+            // The published rows, the common case, in one statement; failed
+            // and retried ones each carry their own error.
+            let mut published = Vec::with_capacity(outcomes.len());
             for (id, outcome) in outcomes {
                 let q = match &outcome {
-                    RowOutcome::Published => sqlx::query(D::SQL.mark_published).bind(id),
+                    RowOutcome::Published => {
+                        published.push(id);
+                        continue;
+                    }
                     RowOutcome::Failed(e) => {
                         sqlx::query(D::SQL.mark_failed).bind(e.as_str()).bind(id)
                     }
@@ -291,7 +570,15 @@ shared_impl! {
                 };
                 q.execute(&mut *tx).await?;
             }
+            if !published.is_empty() {
+                let ids = serde_json::to_string(&published).expect("integers serialize");
+                sqlx::query(D::SQL.mark_published)
+                    .bind(ids)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
+            drop(turn);
             Ok(taken)
         }
 
@@ -320,6 +607,7 @@ shared_impl! {
         async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {
             // One statement per id, in one transaction: every dialect can do that,
             // and an operator retries a handful of rows, not thousands.
+            let _turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
             let mut n = 0;
             if ids.is_empty() {
@@ -344,6 +632,7 @@ shared_impl! {
             cutoff: DateTime<Utc>,
             batch: u32,
         ) -> Result<u64, StoreError> {
+            let _turn = self.write_turn().await?;
             let done = sqlx::query(D::SQL.delete_published_before)
                 .bind(D::time(cutoff))
                 .bind(i64::from(batch))
@@ -380,89 +669,4 @@ where
 
 /// The shared implementation on a throwaway SQLite file: no server needed.
 #[cfg(all(test, feature = "sqlite"))]
-mod tests {
-    use super::*;
-    use crate::outgoing::Outgoing;
-    use crate::store::SqliteStore;
-
-    async fn store(dir: &tempfile::TempDir) -> SqliteStore {
-        let path = dir.path().join("warren.db");
-        let store = SqliteStore::connect(path.to_str().unwrap()).await.unwrap();
-        store.migrate().await.unwrap();
-        store
-    }
-
-    #[tokio::test]
-    async fn migrating_again_runs_nothing_twice_and_records_every_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(&dir).await;
-        store.migrate().await.unwrap();
-        let versions: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM warren_migrations ORDER BY version")
-                .fetch_all(store.pool())
-                .await
-                .unwrap();
-        assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
-    }
-
-    #[tokio::test]
-    async fn a_message_id_is_claimed_once_and_redeliveries_are_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(&dir).await;
-        let entry = InboxEntry {
-            consumer_name: "c",
-            message_id: "m-1",
-            event_type: "t",
-            correlation_id: None,
-            received_at: Utc::now(),
-        };
-        for expected in [true, false] {
-            let mut tx = store.begin().await.unwrap();
-            assert_eq!(store.claim(&mut tx, &entry).await.unwrap(), expected);
-            tx.commit().await.unwrap();
-        }
-        assert_eq!(store.record_solo_run("c", "m-1").await.unwrap(), 1);
-        assert_eq!(store.record_solo_run("c", "m-1").await.unwrap(), 2);
-        store.clear_solo_runs(None, "c", "m-1").await.unwrap();
-        assert_eq!(store.record_solo_run("c", "m-1").await.unwrap(), 1);
-        let later = Utc::now() + chrono::Duration::seconds(1);
-        assert_eq!(store.purge_inbox("c", later, 10).await.unwrap(), 1);
-        assert_eq!(
-            store.signing_key().await.unwrap(),
-            store.signing_key().await.unwrap()
-        );
-    }
-
-    #[tokio::test]
-    async fn outbox_rows_go_out_in_order_and_their_outcomes_are_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(&dir).await;
-        let mut tx = store.begin().await.unwrap();
-        for n in 0..3 {
-            let message = Outgoing::new("t", 1, &serde_json::json!({ "n": n })).unwrap();
-            tx.publish("ex", "key", message).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-        let taken = store
-            .relay_batch(10, |rows| async move {
-                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                assert!(ids.is_sorted(), "{ids:?}");
-                vec![
-                    (ids[0], RowOutcome::Published),
-                    (ids[1], RowOutcome::Failed("no route".into())),
-                    (ids[2], RowOutcome::Retry("nacked".into())),
-                ]
-            })
-            .await
-            .unwrap();
-        assert_eq!(taken, 3);
-        let counts = store.outbox_counts().await.unwrap();
-        assert_eq!((counts.pending, counts.published, counts.failed), (1, 1, 1));
-        assert!(counts.oldest_pending.is_some());
-        let failed = store.failed_outbox_rows(10).await.unwrap();
-        assert_eq!(failed[0].last_error, "no route");
-        assert_eq!(store.retry_failed(&[failed[0].id]).await.unwrap(), 1);
-        let later = Utc::now() + chrono::Duration::seconds(1);
-        assert_eq!(store.delete_published_before(later, 10).await.unwrap(), 1);
-    }
-}
+mod tests;

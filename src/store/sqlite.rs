@@ -21,8 +21,11 @@ use crate::outbox_row::NewOutboxRow;
 /// WAL journal, `synchronous = FULL` (a commit is on disk before the ack goes out)
 /// and a busy timeout. Every writing transaction starts with `BEGIN IMMEDIATE`, so
 /// two writers queue for the lock up front instead of one failing half-way with
-/// `SQLITE_BUSY` when it tries to upgrade a read lock. SQLite has no row locks, so
-/// relays lease their batches instead.
+/// `SQLITE_BUSY` when it tries to upgrade a read lock. Within one process,
+/// warren's writers take turns, first come first served, before they ask SQLite
+/// for the lock; writers of other processes still meet them at the lock, through
+/// the busy timeout. SQLite has no row locks, so relays lease their batches
+/// instead.
 pub type SqliteStore = SqlStore<Sqlite>;
 
 /// How long a relay's claim on a batch lasts: far longer than publishing a batch
@@ -69,7 +72,7 @@ impl SqlStore<Sqlite> {
             .acquire_timeout(Duration::from_secs(60))
             .connect_with(options)
             .await?;
-        Ok(Self::with_pool(pool))
+        Ok(Self::with_pool(pool).one_writer_at_a_time())
     }
 
     /// A fresh database in memory, for tests: one connection that is never
@@ -123,6 +126,7 @@ impl SqlDialect for Sqlite {
         claim: "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (consumer_name, message_id) DO NOTHING",
+        unclaim: "DELETE FROM warren_inbox WHERE consumer_name = ?1 AND message_id = ?2",
         purge_inbox: "DELETE FROM warren_inbox WHERE rowid IN (
                 SELECT rowid FROM warren_inbox
                 WHERE consumer_name = ?1 AND processed_at < ?2 LIMIT ?3)",
@@ -141,7 +145,8 @@ impl SqlDialect for Sqlite {
              VALUES (?1, ?2, ?3, ?4, ?5)",
         notify_outbox: None,
         mark_published: "UPDATE warren_outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
-             attempts = attempts + 1, lease_until = NULL WHERE id = ?1",
+             attempts = attempts + 1, lease_until = NULL
+             WHERE id IN (SELECT value FROM json_each(?1))",
         mark_failed: "UPDATE warren_outbox SET failed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
              attempts = attempts + 1, last_error = ?1, lease_until = NULL WHERE id = ?2",
         mark_retry: "UPDATE warren_outbox SET attempts = attempts + 1, last_error = ?1, lease_until = NULL
@@ -161,6 +166,26 @@ impl SqlDialect for Sqlite {
         insert_setting: "INSERT INTO warren_settings (name, value) VALUES (?1, ?2)
              ON CONFLICT (name) DO NOTHING",
         select_setting: "SELECT value FROM warren_settings WHERE name = ?1",
+        lease_ensure: "INSERT INTO warren_partition_leases (consumer_name, partition_no)
+             VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        lease_acquire: "UPDATE warren_partition_leases SET owner = ?1, expires_ms = ?2
+             WHERE consumer_name = ?3 AND partition_no = ?4 AND (owner = '' OR expires_ms < ?5)",
+        lease_renew: "UPDATE warren_partition_leases SET expires_ms = ?1
+             WHERE consumer_name = ?2 AND partition_no = ?3 AND owner = ?4",
+        lease_release: "UPDATE warren_partition_leases SET owner = '', expires_ms = 0
+             WHERE consumer_name = ?1 AND partition_no = ?2 AND owner = ?3",
+        leases: "SELECT partition_no, owner, expires_ms FROM warren_partition_leases
+             WHERE consumer_name = ?1 ORDER BY partition_no",
+        member_beat: "INSERT INTO warren_partition_members (consumer_name, member, expires_ms)
+             VALUES (?1, ?2, ?3) ON CONFLICT (consumer_name, member) DO UPDATE SET expires_ms = excluded.expires_ms",
+        members: "SELECT member FROM warren_partition_members
+             WHERE consumer_name = ?1 AND expires_ms > ?2 ORDER BY member",
+        member_leave: "DELETE FROM warren_partition_members
+             WHERE consumer_name = ?1 AND (member = ?2 OR expires_ms < ?3)",
+        version_ensure: "INSERT INTO warren_versions (scope, entity, version)
+             VALUES (?1, ?2, 0) ON CONFLICT DO NOTHING",
+        version_lock: "SELECT version FROM warren_versions WHERE scope = ?1 AND entity = ?2",
+        version_set: "UPDATE warren_versions SET version = ?1 WHERE scope = ?2 AND entity = ?3",
     };
 
     const MIGRATIONS: Migrations = Migrations {
@@ -203,6 +228,11 @@ impl SqlDialect for Sqlite {
                 name: "settings",
                 sql: include_str!("migrations/sqlite/0006_settings.sql"),
             },
+            Migration {
+                version: 7,
+                name: "partition leases, versions",
+                sql: include_str!("migrations/sqlite/0007_partitions_versions.sql"),
+            },
         ],
     };
 
@@ -225,7 +255,19 @@ impl SqlDialect for Sqlite {
 
     /// A failed statement in SQLite undoes only itself; the transaction stays
     /// usable, so there is nothing to check.
+    fn numbered_placeholder(n: usize) -> Option<String> {
+        Some(format!("?{n}"))
+    }
+
     async fn check_before_commit(_conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    async fn execute_raw(
+        conn: &mut SqliteConnection,
+        sql: &'static str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, sqlx::raw_sql(sql)).await?;
         Ok(())
     }
 
@@ -234,6 +276,23 @@ impl SqlDialect for Sqlite {
         row: &'c NewOutboxRow<'c>,
     ) -> Result<(), StoreError> {
         super::sql::insert_outbox::<Sqlite>(conn, row).await
+    }
+
+    async fn read_version<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        entity: &'c str,
+    ) -> Result<i64, StoreError> {
+        super::sql::read_version::<Sqlite>(conn, scope, entity).await
+    }
+
+    async fn write_version<'c>(
+        conn: &'c mut SqliteConnection,
+        scope: &'c str,
+        entity: &'c str,
+        version: i64,
+    ) -> Result<(), StoreError> {
+        super::sql::write_version::<Sqlite>(conn, scope, entity, version).await
     }
 
     /// The lease is committed before publishing; the outcomes are recorded in a

@@ -6,8 +6,10 @@ use sqlx::Database;
 
 use super::{Dialect, StoreError, is_connection_error};
 use crate::envelope::Metadata;
+use crate::failure::{HandlerError, VersionGap};
 use crate::outbox_row::NewOutboxRow;
 use crate::outgoing::Outgoing;
+use crate::version::{self, Gated, Verdict, VersionMode};
 
 /// The open database transaction a handler writes in.
 ///
@@ -20,14 +22,21 @@ pub struct Tx<DB: Database> {
     cause: Option<Metadata>,
     /// Outbox rows written, so the relay can be woken after the commit.
     enqueued: usize,
+    /// What the version gate saw.
+    gated: Gated,
+    /// This process's turn to write, where writers take turns; declared last,
+    /// so it is given up only once the transaction is.
+    _turn: super::sql::WriteTurn,
 }
 
 impl<DB: Database> Tx<DB> {
-    pub(crate) fn new(inner: sqlx::Transaction<'static, DB>) -> Self {
+    pub(crate) fn new(inner: sqlx::Transaction<'static, DB>, turn: super::sql::WriteTurn) -> Self {
         Self {
             inner,
             cause: None,
             enqueued: 0,
+            gated: Gated::default(),
+            _turn: turn,
         }
     }
 
@@ -39,6 +48,17 @@ impl<DB: Database> Tx<DB> {
         self.enqueued
     }
 
+    /// What the version gate saw in this transaction.
+    pub(crate) fn gated(&self) -> &Gated {
+        &self.gated
+    }
+
+    /// What the version gate saw for the message just handled, leaving the
+    /// next message of a batch to start afresh.
+    pub(crate) fn take_gated(&mut self) -> Gated {
+        std::mem::take(&mut self.gated)
+    }
+
     /// The connection inside the transaction, for sqlx queries.
     pub fn conn(&mut self) -> &mut DB::Connection {
         &mut self.inner
@@ -46,6 +66,37 @@ impl<DB: Database> Tx<DB> {
 
     pub(crate) async fn rollback(self) -> Result<(), StoreError> {
         self.inner.rollback().await.map_err(StoreError::Database)
+    }
+}
+
+/// The savepoint a batch sets around each message, as every dialect spells it.
+const SAVEPOINT: &str = "SAVEPOINT warren_message";
+const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT warren_message";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT warren_message";
+
+impl<DB: Dialect> Tx<DB> {
+    async fn run_raw(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        DB::execute_raw(&mut self.inner, sql)
+            .await
+            .map_err(StoreError::Database)
+    }
+
+    /// Opens the savepoint of the next message of a batch.
+    pub(crate) async fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.run_raw(SAVEPOINT).await
+    }
+
+    /// Keeps what the message wrote since its savepoint. Fails where an
+    /// earlier statement aborted the transaction (PostgreSQL), or the savepoint
+    /// is gone (a statement that ended the transaction on MySQL).
+    pub(crate) async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        self.run_raw(RELEASE_SAVEPOINT).await
+    }
+
+    /// Undoes what the message wrote since its savepoint, and closes it.
+    pub(crate) async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        self.run_raw(ROLLBACK_TO_SAVEPOINT).await?;
+        self.release_savepoint().await
     }
 }
 
@@ -66,6 +117,68 @@ impl<DB: Dialect> Tx<DB> {
             });
         }
         self.inner.commit().await.map_err(StoreError::Database)
+    }
+
+    /// The version gate: checks `version` of `entity` (in a namespace `scope`,
+    /// e.g. "customer-credit") against the last applied one in
+    /// `warren_versions`, locking that row until the transaction ends, and
+    /// records `version` when the update applies.
+    ///
+    /// - [`Verdict::Apply`]: run the effect in this transaction.
+    /// - [`Verdict::Stale`]: skip the effect and return `Ok(())`; the message is
+    ///   acked and counted as `stale`.
+    /// - A gap in [`VersionMode::Strict`] is an error to return with `?`: the
+    ///   message waits in the shortest retry tier for the versions before it,
+    ///   and is dead-lettered as `version-gap` after the consumer's gap patience.
+    ///
+    /// A version below 1 is a permanent error.
+    ///
+    /// ```no_run
+    /// use warren::version::{Verdict, VersionMode};
+    /// use warren::{HandlerError, Message, Tx};
+    /// # #[derive(serde::Deserialize)] struct LimitSet { customer_id: String, version: i64 }
+    /// async fn limit_set(msg: Message<LimitSet>, tx: &mut Tx<sqlx::Postgres>) -> Result<(), HandlerError> {
+    ///     let p = &msg.payload;
+    ///     match tx.check_version("customer-credit", &p.customer_id, p.version, VersionMode::LatestWins).await? {
+    ///         Verdict::Stale { .. } => Ok(()),
+    ///         Verdict::Apply { .. } => { /* the effect, on tx */ Ok(()) }
+    ///     }
+    /// }
+    /// ```
+    pub async fn check_version(
+        &mut self,
+        scope: &str,
+        entity: &str,
+        version: i64,
+        mode: VersionMode,
+    ) -> Result<Verdict, HandlerError> {
+        if version < 1 {
+            return Err(HandlerError::permanent(format!(
+                "version of {entity:?} is {version}; versions start at 1"
+            )));
+        }
+        let stored = DB::read_version(&mut self.inner, scope, entity)
+            .await
+            .map_err(store_to_handler)?;
+        self.gated.entity = Some((entity.to_owned(), version));
+        match version::decide(mode, stored, version) {
+            Ok(verdict @ Verdict::Apply { .. }) => {
+                DB::write_version(&mut self.inner, scope, entity, version)
+                    .await
+                    .map_err(store_to_handler)?;
+                self.gated.stale = false;
+                Ok(verdict)
+            }
+            Ok(verdict @ Verdict::Stale { .. }) => {
+                self.gated.stale = true;
+                Ok(verdict)
+            }
+            Err(stored) => Err(HandlerError::VersionGap(VersionGap {
+                entity: entity.to_owned(),
+                stored,
+                got: version,
+            })),
+        }
     }
 
     /// Writes `message` to the outbox in this transaction, for the relay to publish
@@ -114,4 +227,14 @@ pub(crate) async fn insert_outbox<DB: Dialect>(
     let row =
         NewOutboxRow::of(exchange, routing_key, message).map_err(StoreError::InvalidMessage)?;
     DB::insert_outbox(conn, &row).await
+}
+
+/// A store error inside the gate, as the handler returns it: a database error
+/// keeps its classification (an outage costs no attempt); anything else is
+/// transient.
+fn store_to_handler(e: StoreError) -> HandlerError {
+    match e {
+        StoreError::Database(e) => HandlerError::from(e),
+        other => HandlerError::transient(other),
+    }
 }

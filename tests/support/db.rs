@@ -35,7 +35,22 @@ pub trait Backend: warren::store::Dialect {
     fn count(store: &Self::S, sql: String) -> impl Future<Output = i64> + Send;
     /// Runs a statement.
     fn exec(store: &Self::S, sql: String) -> impl Future<Output = ()> + Send;
+    /// The ordering tests' effect: appends `version` of `customer` to
+    /// `test_applied` with the next sequence number of that customer.
+    fn record_version<'a>(
+        tx: &'a mut Tx<Self>,
+        customer: &'a str,
+        version: i64,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    /// Every row of `test_applied` as (customer, version, seq), by customer and seq.
+    fn applied_rows(store: &Self::S) -> impl Future<Output = Vec<(String, i64, i64)>> + Send;
 }
+
+/// The ordering tests' table of applied versions.
+pub const APPLIED_TABLE: &str = "CREATE TABLE test_applied (
+    customer TEXT NOT NULL, version BIGINT NOT NULL, seq BIGINT NOT NULL, message_id TEXT NOT NULL)";
+const APPLIED_ROWS: &str = "SELECT customer, version, seq FROM test_applied ORDER BY customer, seq";
 
 pub struct TestDb<B: Backend> {
     pub store: B::S,
@@ -104,6 +119,37 @@ const EFFECTS_SQLITE: &str =
     "CREATE TABLE test_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)";
 
 impl Backend for Postgres {
+    async fn record_version(
+        tx: &mut Tx<Self>,
+        customer: &str,
+        version: i64,
+        message_id: &str,
+    ) -> Result<(), sqlx::Error> {
+        let seq: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = $1",
+        )
+        .bind(customer)
+        .fetch_one(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO test_applied (customer, version, seq, message_id) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(customer)
+        .bind(version)
+        .bind(seq)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    async fn applied_rows(store: &PgStore) -> Vec<(String, i64, i64)> {
+        sqlx::query_as(APPLIED_ROWS)
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    }
+
     type S = PgStore;
     const NAME: &'static str = "postgres";
 
@@ -164,6 +210,37 @@ impl Backend for Postgres {
 }
 
 impl Backend for Sqlite {
+    async fn record_version(
+        tx: &mut Tx<Self>,
+        customer: &str,
+        version: i64,
+        message_id: &str,
+    ) -> Result<(), sqlx::Error> {
+        let seq: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = ?",
+        )
+        .bind(customer)
+        .fetch_one(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO test_applied (customer, version, seq, message_id) VALUES (?, ?, ?, ?)",
+        )
+        .bind(customer)
+        .bind(version)
+        .bind(seq)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    async fn applied_rows(store: &SqliteStore) -> Vec<(String, i64, i64)> {
+        sqlx::query_as(APPLIED_ROWS)
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    }
+
     type S = SqliteStore;
     const NAME: &'static str = "sqlite";
 
@@ -224,6 +301,37 @@ const EFFECTS_MYSQL: &str = "CREATE TABLE test_effects (id BIGINT AUTO_INCREMENT
 
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {
+    async fn record_version(
+        tx: &mut Tx<Self>,
+        customer: &str,
+        version: i64,
+        message_id: &str,
+    ) -> Result<(), sqlx::Error> {
+        let seq: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = ?",
+        )
+        .bind(customer)
+        .fetch_one(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO test_applied (customer, version, seq, message_id) VALUES (?, ?, ?, ?)",
+        )
+        .bind(customer)
+        .bind(version)
+        .bind(seq)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    async fn applied_rows(store: &warren::MySqlStore) -> Vec<(String, i64, i64)> {
+        sqlx::query_as(APPLIED_ROWS)
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    }
+
     type S = warren::MySqlStore;
     const NAME: &'static str = "mysql";
 

@@ -10,6 +10,7 @@ use warren::DeadLetterQueue;
 use warren::store::OutboxStore;
 use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
 
+use crate::credit::{self, CreditSpec};
 use crate::db::BillingDb;
 use crate::handlers::CONSUMER;
 use crate::service::{self, Names, Settings};
@@ -170,6 +171,27 @@ pub async fn run<B: BillingDb>(
         Arc::clone(&plan),
         spec.publish_rate,
     ));
+    // The credit stream beside it: per-customer versions, half in order, half
+    // shuffled, with copies; its ordering invariants are checked at the end.
+    let credit_plan = credit::plan(&CreditSpec {
+        customers: (spec.count / 50).max(20),
+        versions: 10,
+        duplicates: 0.15,
+        flaky: 2,
+        seed: spec.seed,
+    });
+    println!(
+        "chaos: {} credit-limit updates for {} customers over {} partitions",
+        credit_plan.messages.len(),
+        credit_plan.last.len(),
+        settings.partitions
+    );
+    let credit_publisher = tokio::spawn(publish_through_faults(
+        amqp_url.to_owned(),
+        names.exchange(),
+        Arc::new(credit_plan.as_stream()),
+        spec.publish_rate.map(|r| r / 4.0),
+    ));
 
     // Faults while the stream flows.
     let mut campaign = Campaign::new(spec.seed, spec.mix.clone());
@@ -195,6 +217,9 @@ pub async fn run<B: BillingDb>(
     publisher
         .await
         .map_err(|e| format!("publisher task failed: {e}"))??;
+    credit_publisher
+        .await
+        .map_err(|e| format!("credit publisher task failed: {e}"))??;
 
     // Quiet phase: every process restarted cleanly, no crash points, no faults.
     fleet.revive(None).await?;
@@ -214,6 +239,21 @@ pub async fn run<B: BillingDb>(
         .iter()
         .map(|d| warren::topology::retry_queue_name(&names.queue(), *d))
         .collect();
+    // Every partition's queue and retry tiers.
+    let credit_queues: Vec<String> = service::credit_config(names, settings)
+        .map_err(|e| e.to_string())?
+        .partition_queues()
+        .into_iter()
+        .flat_map(|q| {
+            let tiers: Vec<String> = settings
+                .retry
+                .tiers()
+                .iter()
+                .map(|d| warren::topology::retry_queue_name(&q, *d))
+                .collect();
+            std::iter::once(q).chain(tiers)
+        })
+        .collect();
     let drain_start = Instant::now();
     let settled = loop {
         let counts = B::counts(&store, CONSUMER)
@@ -227,7 +267,17 @@ pub async fn run<B: BillingDb>(
                 .map(|i| i.ready)
                 .unwrap_or(1);
         }
-        if counts.inbox_rows as usize >= e.valid && pending == 0 && queued == 0 {
+        for q in &credit_queues {
+            queued += warren::broker::inspect_queue(&connection, q)
+                .await
+                .map(|i| i.ready)
+                .unwrap_or(1);
+        }
+        let credit_done = B::credit_state(&store)
+            .await
+            .map(|s| credit_final(&credit_plan, &s))
+            .unwrap_or(false);
+        if counts.inbox_rows as usize >= e.valid && pending == 0 && queued == 0 && credit_done {
             break true;
         }
         if drain_start.elapsed() > spec.drain_deadline {
@@ -271,7 +321,10 @@ pub async fn run<B: BillingDb>(
         .map(|(r, ids)| (r.clone(), ids.len()))
         .collect();
     let mut leftover = Vec::new();
-    for q in std::iter::once(names.queue()).chain(tiers.iter().cloned()) {
+    for q in std::iter::once(names.queue())
+        .chain(tiers.iter().cloned())
+        .chain(credit_queues.iter().cloned())
+    {
         let ready = warren::broker::inspect_queue(&connection, &q)
             .await
             .map_err(|e| e.to_string())?;
@@ -349,6 +402,32 @@ pub async fn run<B: BillingDb>(
             ),
         ),
     ];
+    let credit_state = B::credit_state(&store).await.map_err(|e| e.to_string())?;
+    let mut credit_dead = 0;
+    for q in service::credit_config(names, settings)
+        .map_err(|e| e.to_string())?
+        .partition_queues()
+    {
+        credit_dead += DeadLetterQueue::new(Arc::clone(&connection), &q)
+            .list(usize::MAX)
+            .await
+            .map_err(|e| e.to_string())?
+            .len();
+    }
+    let mut checks = checks;
+    // The stale count is not among them: a killed process takes its counters
+    // with it.
+    for (ok, text) in credit::checks(&credit_plan, &credit_state, 0)
+        .into_iter()
+        .take(2)
+    {
+        checks.push(Check::new("credit stream: ordering", ok, text));
+    }
+    checks.push(Check::new(
+        "credit stream: nothing dead-lettered",
+        credit_dead == 0,
+        format!("{credit_dead} dead letters across the partitions"),
+    ));
     let report = Report::new(&campaign, &fleet, checks, started.elapsed());
     println!("{report}");
     let _ = connection.close(200, "chaos done".into()).await;
@@ -387,4 +466,11 @@ async fn drain_ids(
     }
     let _ = channel.close(200, "drained".into()).await;
     Ok(ids)
+}
+
+/// Every customer of the credit plan at its highest version.
+fn credit_final(plan: &credit::CreditPlan, state: &credit::CreditState) -> bool {
+    plan.last
+        .iter()
+        .all(|(c, (v, _))| state.limits.get(c).is_some_and(|(_, stored)| stored == v))
 }

@@ -26,10 +26,13 @@ pub struct Raw {
     pub http: Option<String>,
     pub prefetch: Option<u16>,
     pub concurrency: Option<usize>,
+    pub batch_size: Option<usize>,
     pub retry_tiers: Option<Vec<String>>,
     pub log_format: Option<String>,
     pub inbox_retention: Option<String>,
     pub consumer_timeout: Option<String>,
+    pub partitions: Option<u32>,
+    pub partition_lease: Option<String>,
 }
 
 impl Raw {
@@ -52,10 +55,13 @@ impl Raw {
             http: self.http.or(other.http),
             prefetch: self.prefetch.or(other.prefetch),
             concurrency: self.concurrency.or(other.concurrency),
+            batch_size: self.batch_size.or(other.batch_size),
             retry_tiers: self.retry_tiers.or(other.retry_tiers),
             log_format: self.log_format.or(other.log_format),
             inbox_retention: self.inbox_retention.or(other.inbox_retention),
             consumer_timeout: self.consumer_timeout.or(other.consumer_timeout),
+            partitions: self.partitions.or(other.partitions),
+            partition_lease: self.partition_lease.or(other.partition_lease),
         }
     }
 }
@@ -79,11 +85,17 @@ pub struct Config {
     pub http: SocketAddr,
     pub prefetch: u16,
     pub concurrency: usize,
+    /// Deliveries applied in one transaction, at most.
+    pub batch_size: usize,
     /// `None`: the command's default tiers.
     pub retry_tiers: Option<Vec<Duration>>,
     pub log_format: Option<LogFormat>,
     pub inbox_retention: Option<Duration>,
     pub consumer_timeout: Duration,
+    /// Partitions of the credit stream.
+    pub partitions: u32,
+    /// How long a partition lease lasts unrenewed.
+    pub partition_lease: Duration,
 }
 
 fn key<T, E: Reason>(name: &str, r: Result<T, E>) -> Result<T, String> {
@@ -154,6 +166,13 @@ impl Config {
                 "concurrency: must be from 1 to prefetch ({prefetch}), got {concurrency}"
             ));
         }
+        let batch_size = raw.batch_size.unwrap_or(warren::config::DEFAULT_BATCH_SIZE);
+        if !(1..=warren::config::MAX_BATCH_SIZE).contains(&batch_size) {
+            return Err(format!(
+                "batch_size: must be from 1 to {} (1 turns batching off), got {batch_size}",
+                warren::config::MAX_BATCH_SIZE
+            ));
+        }
         let retry_tiers = raw
             .retry_tiers
             .map(|tiers| {
@@ -200,6 +219,23 @@ impl Config {
         if consumer_timeout.is_zero() {
             return Err("consumer_timeout: must be above zero".into());
         }
+        let partitions = raw.partitions.unwrap_or(4);
+        if !(1..=warren::partition::MAX_PARTITIONS).contains(&partitions) {
+            return Err(format!(
+                "partitions: must be 1 to {}, got {partitions}",
+                warren::partition::MAX_PARTITIONS
+            ));
+        }
+        let partition_lease = key(
+            "partition_lease",
+            warren::retry::parse_delay(raw.partition_lease.as_deref().unwrap_or("15s")),
+        )?;
+        if partition_lease < Duration::from_secs(1) {
+            return Err(format!(
+                "partition_lease: must be at least 1s, got {}",
+                warren::retry::format_delay(partition_lease)
+            ));
+        }
         Ok(Config {
             amqp_url,
             tls,
@@ -208,10 +244,13 @@ impl Config {
             http,
             prefetch,
             concurrency,
+            batch_size,
             retry_tiers,
             log_format,
             inbox_retention,
             consumer_timeout,
+            partitions,
+            partition_lease,
         })
     }
 }

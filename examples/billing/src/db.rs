@@ -13,6 +13,7 @@ use warren::store::OutboxStore;
 use warren::{PgStore, SqliteStore, Store, StoreError, Tx};
 
 use crate::amount::Amount;
+use crate::credit::{CreditLimit, CreditState};
 
 pub mod mysql;
 
@@ -69,6 +70,20 @@ pub trait BillingDb: warren::store::Dialect {
     /// The store's pool.
     fn pool(store: &Self::S) -> &Pool<Self>;
 
+    /// Applies a credit limit the version gate let through: the limit, updated
+    /// only by a newer version, and one change row with the next `applied_seq`
+    /// of the customer.
+    fn apply_credit_limit<'a>(
+        tx: &'a mut Tx<Self>,
+        change: &'a CreditLimit,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The credit tables, for the checks.
+    fn credit_state(
+        store: &Self::S,
+    ) -> impl Future<Output = Result<CreditState, StoreError>> + Send + '_;
+
     /// Facts the chaos campaign checks: distinct message ids among loyalty rows,
     /// poison invoices recorded, and the outbox's message ids.
     fn audit(store: &Self::S) -> impl Future<Output = Result<Audit, StoreError>> + Send + '_;
@@ -81,7 +96,7 @@ pub struct Audit {
     pub loyalty_messages: i64,
     /// Invoices recorded for poison messages (must be 0).
     pub poison_invoices: i64,
-    /// Message ids of every outbox row.
+    /// Message ids of every payment event in the outbox.
     pub outbox_ids: Vec<String>,
     /// Outbox rows not yet published.
     pub outbox_unpublished: i64,
@@ -121,7 +136,7 @@ impl Database {
 // Amounts and points are exact decimals: NUMERIC on PostgreSQL, and on SQLite,
 // which has no decimal type (its NUMERIC affinity turns 20 digits into a float),
 // canonical decimal text that billing sums itself.
-const SQLITE_TABLES: [&str; 2] = [
+const SQLITE_TABLES: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS invoices (
         invoice_id        TEXT PRIMARY KEY,
         customer_id       TEXT NOT NULL,
@@ -138,9 +153,22 @@ const SQLITE_TABLES: [&str; 2] = [
         points      TEXT    NOT NULL,
         message_id  TEXT    NOT NULL
     )",
+    "CREATE TABLE IF NOT EXISTS customer_credit (
+        customer_id  TEXT    PRIMARY KEY,
+        credit_limit TEXT    NOT NULL,
+        version      INTEGER NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS credit_limit_changes (
+        customer_id  TEXT    NOT NULL,
+        version      INTEGER NOT NULL,
+        credit_limit TEXT    NOT NULL,
+        message_id   TEXT    NOT NULL,
+        applied_seq  INTEGER NOT NULL,
+        PRIMARY KEY (customer_id, version)
+    )",
 ];
 
-const PG_TABLES: [&str; 2] = [
+const PG_TABLES: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS invoices (
         invoice_id        TEXT        PRIMARY KEY,
         customer_id       TEXT        NOT NULL,
@@ -156,6 +184,19 @@ const PG_TABLES: [&str; 2] = [
         customer_id TEXT      NOT NULL,
         points      NUMERIC   NOT NULL,
         message_id  TEXT      NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS customer_credit (
+        customer_id  TEXT    PRIMARY KEY,
+        credit_limit NUMERIC NOT NULL,
+        version      BIGINT  NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS credit_limit_changes (
+        customer_id  TEXT    NOT NULL,
+        version      BIGINT  NOT NULL,
+        credit_limit NUMERIC NOT NULL,
+        message_id   TEXT    NOT NULL,
+        applied_seq  BIGINT  NOT NULL,
+        PRIMARY KEY (customer_id, version)
     )",
 ];
 
@@ -249,6 +290,46 @@ impl BillingDb for Postgres {
         })
     }
 
+    async fn apply_credit_limit<'a>(
+        tx: &'a mut Tx<Postgres>,
+        c: &'a CreditLimit,
+        message_id: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO customer_credit (customer_id, credit_limit, version)
+             VALUES ($1, $2::numeric, $3)
+             ON CONFLICT (customer_id) DO UPDATE
+                SET credit_limit = EXCLUDED.credit_limit, version = EXCLUDED.version
+                WHERE customer_credit.version < EXCLUDED.version",
+        )
+        .bind(&c.customer_id)
+        .bind(&c.credit_limit)
+        .bind(c.version)
+        .execute(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO credit_limit_changes
+                (customer_id, version, credit_limit, message_id, applied_seq)
+             SELECT $1, $2, $3::numeric, $4, COALESCE(MAX(applied_seq), 0) + 1
+             FROM credit_limit_changes WHERE customer_id = $1",
+        )
+        .bind(&c.customer_id)
+        .bind(c.version)
+        .bind(&c.credit_limit)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    async fn credit_state(store: &PgStore) -> Result<CreditState, StoreError> {
+        credit_state_with(
+            store.pool(),
+            "SELECT customer_id, credit_limit::text, version FROM customer_credit",
+        )
+        .await
+    }
+
     fn pool(store: &PgStore) -> &Pool<Postgres> {
         store.pool()
     }
@@ -279,7 +360,7 @@ impl BillingDb for Sqlite {
         if points_type.is_some_and(|t| t.eq_ignore_ascii_case("INTEGER")) {
             for sql in [
                 "ALTER TABLE loyalty_points RENAME TO loyalty_points_integer",
-                SQLITE_TABLES[1],
+                SQLITE_TABLES[1], // loyalty_points
                 "INSERT INTO loyalty_points (id, customer_id, points, message_id)
                  SELECT id, customer_id, CAST(points AS TEXT), message_id
                  FROM loyalty_points_integer",
@@ -358,6 +439,46 @@ impl BillingDb for Sqlite {
         })
     }
 
+    async fn apply_credit_limit<'a>(
+        tx: &'a mut Tx<Sqlite>,
+        c: &'a CreditLimit,
+        message_id: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO customer_credit (customer_id, credit_limit, version)
+             VALUES (?1, ?2, ?3)
+             ON CONFLICT (customer_id) DO UPDATE
+                SET credit_limit = excluded.credit_limit, version = excluded.version
+                WHERE customer_credit.version < excluded.version",
+        )
+        .bind(&c.customer_id)
+        .bind(&c.credit_limit)
+        .bind(c.version)
+        .execute(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO credit_limit_changes
+                (customer_id, version, credit_limit, message_id, applied_seq)
+             SELECT ?1, ?2, ?3, ?4, COALESCE(MAX(applied_seq), 0) + 1
+             FROM credit_limit_changes WHERE customer_id = ?1",
+        )
+        .bind(&c.customer_id)
+        .bind(c.version)
+        .bind(&c.credit_limit)
+        .bind(message_id)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    async fn credit_state(store: &SqliteStore) -> Result<CreditState, StoreError> {
+        credit_state_with(
+            store.pool(),
+            "SELECT customer_id, credit_limit, version FROM customer_credit",
+        )
+        .await
+    }
+
     fn pool(store: &SqliteStore) -> &Pool<Sqlite> {
         store.pool()
     }
@@ -392,7 +513,10 @@ pub(crate) fn sum_by_currency(
 }
 
 /// The outbox's message ids, where they are text.
-const OUTBOX_IDS: &str = "SELECT message_id FROM warren_outbox";
+/// The payment events' outbox ids (the credit stream's events are checked by
+/// their own invariants).
+const OUTBOX_IDS: &str = "SELECT message_id FROM warren_outbox
+    WHERE routing_key = 'billing.invoice-payment-recorded.v1'";
 
 /// The audit queries, the same text in each dialect but the outbox ids.
 pub(crate) async fn audit_with<DB>(
@@ -429,4 +553,35 @@ where
         outbox_ids,
         outbox_unpublished,
     })
+}
+
+/// The credit tables read back: limits, and each customer's versions in the
+/// order they were applied.
+pub(crate) async fn credit_state_with<DB>(
+    pool: &Pool<DB>,
+    limits_sql: &'static str,
+) -> Result<CreditState, StoreError>
+where
+    DB: sqlx::Database,
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    (String, String, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (String, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let mut state = CreditState::default();
+    for (customer, limit, version) in sqlx::query_as::<DB, (String, String, i64)>(limits_sql)
+        .fetch_all(pool)
+        .await?
+    {
+        state.limits.insert(customer, (limit, version));
+    }
+    for (customer, version) in sqlx::query_as::<DB, (String, i64)>(
+        "SELECT customer_id, version FROM credit_limit_changes ORDER BY customer_id, applied_seq",
+    )
+    .fetch_all(pool)
+    .await?
+    {
+        state.applied.entry(customer).or_default().push(version);
+    }
+    Ok(state)
 }

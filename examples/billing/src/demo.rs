@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use warren::store::OutboxStore;
 use warren::{QueueType, RelayConfig, RetryPolicy};
 
+use crate::credit::{self, CreditSpec};
 use crate::db::BillingDb;
 use crate::service::{self, Names, Settings};
 use crate::status::{self, Report};
@@ -22,6 +23,7 @@ pub fn demo_settings(prefetch: u16, concurrency: usize) -> Settings {
     Settings {
         prefetch,
         concurrency,
+        batch_size: warren::config::DEFAULT_BATCH_SIZE,
         retry: RetryPolicy::new([
             Duration::from_millis(200),
             Duration::from_millis(500),
@@ -30,6 +32,8 @@ pub fn demo_settings(prefetch: u16, concurrency: usize) -> Settings {
         queue_type: QueueType::Quorum,
         consumer_timeout: Duration::from_secs(30 * 60),
         tls: warren::TlsOptions::default(),
+        partitions: 4,
+        partition_lease: Duration::from_secs(15),
     }
 }
 
@@ -77,6 +81,21 @@ pub async fn run<B: BillingDb>(
         e.poison.values().sum::<usize>()
     );
     stream::publish(Arc::clone(&connection), &names.exchange(), &plan).await?;
+    let credit_plan = credit::plan(&CreditSpec {
+        customers: (spec.count / 10).max(4),
+        versions: 8,
+        duplicates: 0.15,
+        flaky: 2,
+        seed: spec.seed,
+    });
+    println!(
+        "publishing {} credit-limit updates: {} customers x 8 versions, half in order, half shuffled, {} duplicate copies, {} partitions",
+        credit_plan.messages.len(),
+        credit_plan.last.len(),
+        credit_plan.messages.len() - credit_plan.unique,
+        settings.partitions
+    );
+    credit::publish(&connection, &names.exchange(), &credit_plan).await?;
 
     let bar = if std::io::stdout().is_terminal() {
         let bar = indicatif::ProgressBar::new(e.published as u64);
@@ -94,6 +113,8 @@ pub async fn run<B: BillingDb>(
     let mut last_line = Instant::now();
     let settled = loop {
         let s = running.stats.snapshot();
+        let c = running.credit_stats.snapshot();
+        let credit_done = c.applied + c.stale + c.duplicates + c.dead_lettered;
         let done = s.applied + s.duplicates + s.dead_lettered;
         let pending = store.outbox_status().await.map(|o| o.pending).unwrap_or(-1);
         let msg = format!(
@@ -111,7 +132,10 @@ pub async fn run<B: BillingDb>(
             }
             None => {}
         }
-        if done >= e.published as u64 && pending == 0 {
+        if done >= e.published as u64
+            && credit_done >= credit_plan.messages.len() as u64
+            && pending == 0
+        {
             break true;
         }
         if started.elapsed() > DEADLINE {
@@ -123,6 +147,7 @@ pub async fn run<B: BillingDb>(
         bar.finish_and_clear();
     }
     let stats = running.stats.snapshot();
+    let credit_stats = running.credit_stats.snapshot();
     let _ = stop_tx.send(true);
     match running.task.await {
         Ok(Ok(())) => {}
@@ -130,8 +155,30 @@ pub async fn run<B: BillingDb>(
         Err(err) => return Err(format!("the consumer task failed: {err}")),
     }
     let report = status::gather::<B>(&store, &connection, names).await?;
-    let checks = checks(&e, &report, &stats, settled);
+    let credit_state = B::credit_state(&store)
+        .await
+        .map_err(|e| format!("cannot read the credit tables: {e}"))?;
+    let credit_applied: usize = credit_state.applied.values().map(Vec::len).sum();
+    let mut checks = checks(&e, &report, &stats, settled, credit_applied);
+    checks.extend(
+        credit::checks(&credit_plan, &credit_state, credit_stats.stale)
+            .into_iter()
+            .map(|(ok, text)| check(ok, text)),
+    );
+    checks.push(check(
+        credit_stats.duplicates as usize == credit_plan.messages.len() - credit_plan.unique
+            && credit_stats.dead_lettered == 0,
+        format!(
+            "credit duplicates skipped: {} of {} copies, {} dead-lettered",
+            credit_stats.duplicates,
+            credit_plan.messages.len() - credit_plan.unique,
+            credit_stats.dead_lettered
+        ),
+    ));
     print_table(&e, &report, &stats);
+    println!("  {:<28} {}", "credit versions applied", credit_applied);
+    println!("  {:<28} {}", "credit stale drops", credit_stats.stale);
+    println!("  {:<28} {}", "credit duplicates", credit_stats.duplicates);
     println!();
     for c in &checks {
         println!("  [{}] {}", if c.ok { "PASS" } else { "FAIL" }, c.text);
@@ -182,6 +229,7 @@ fn checks(
     r: &Report,
     s: &warren::telemetry::ConsumerStats,
     settled: bool,
+    credit_applied: usize,
 ) -> Vec<Check> {
     let c = &r.counts;
     let applied = c.inbox_rows as usize;
@@ -231,12 +279,12 @@ fn checks(
             ),
         ),
         check(
-            r.outbox.published as usize == applied
+            r.outbox.published as usize == applied + credit_applied
                 && r.outbox.pending == 0
                 && r.outbox.failed.is_empty()
                 && r.recorded_queued as usize == applied,
             format!(
-                "one outbox event per applied message, all published: {} published, {} delivered downstream",
+                "one outbox event per applied message, all published: {} published ({applied} payments + {credit_applied} credit changes), {} payments delivered downstream",
                 r.outbox.published, r.recorded_queued
             ),
         ),

@@ -53,7 +53,7 @@ fn id_char(c: char) -> bool {
 /// into events for other services. Checked here, so that a NUL or a megabyte id
 /// has the same outcome on both databases (PostgreSQL would refuse them, SQLite
 /// would store them) and the error text never carries the value itself.
-fn identifier(field: &str, value: &str) -> Result<(), HandlerError> {
+pub(crate) fn identifier(field: &str, value: &str) -> Result<(), HandlerError> {
     let len = value.chars().count();
     if !(1..=MAX_ID_LEN).contains(&len) {
         return Err(HandlerError::permanent(format!(

@@ -12,6 +12,7 @@ use warren::StatsHandle;
 #[derive(Clone)]
 pub struct State {
     pub stats: StatsHandle,
+    pub credit_stats: StatsHandle,
     pub metrics: Arc<PrometheusHandle>,
 }
 
@@ -27,16 +28,22 @@ async fn metrics(extract::State(state): extract::State<State>) -> String {
     state.metrics.render()
 }
 
-/// Ready while the broker and the database are reachable, the consumer is
-/// subscribed and not draining, publishing is not blocked by a broker alarm, and
+/// Ready while the broker and the database are reachable, both consumers are
+/// subscribed (the credit consumer to the partitions it holds, or idle with none
+/// to hold) and not draining, publishing is not blocked by a broker alarm, and
 /// the outbox relay is running.
 async fn ready(extract::State(state): extract::State<State>) -> (StatusCode, String) {
     let h = state.stats.health();
+    let c = state.credit_stats.health();
     let body = format!(
-        "consuming {}\ndatabase {}\nblocked {}\nrelay {}\n",
-        h.consuming, h.database, h.blocked, h.relay
+        "consuming {}\ncredit consuming {}\ndatabase {}\nblocked {}\nrelay {}\n",
+        h.consuming,
+        c.consuming,
+        h.database && c.database,
+        h.blocked,
+        h.relay
     );
-    if h.is_ready() {
+    if h.is_ready() && c.consuming && c.database {
         (StatusCode::OK, body)
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, body)

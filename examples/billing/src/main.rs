@@ -6,8 +6,10 @@
 #![allow(unreachable_pub)]
 
 mod amount;
+mod bench;
 mod chaos;
 mod config;
+mod credit;
 mod db;
 mod demo;
 mod handlers;
@@ -70,9 +72,13 @@ struct Cli {
     /// Unacknowledged deliveries the broker may push to this process [default: 32].
     #[arg(long, env = "BILLING_PREFETCH", global = true)]
     prefetch: Option<u16>,
-    /// Messages processed at once [default: 8].
+    /// Batches (database transactions) processed at once [default: 8].
     #[arg(long, env = "BILLING_CONCURRENCY", global = true)]
     concurrency: Option<usize>,
+    /// Deliveries already buffered that are applied in one transaction, at
+    /// most; 1 turns batching off [default: 32].
+    #[arg(long, env = "BILLING_BATCH_SIZE", global = true)]
+    batch_size: Option<usize>,
     /// Retry delay tiers, comma separated [default: 5s,30s,2m,10m,30m; the demo
     /// uses 200ms,500ms,1s].
     #[arg(long, env = "BILLING_RETRY_TIERS", global = true)]
@@ -86,6 +92,14 @@ struct Cli {
     /// The broker's consumer_timeout, for the long-handler warning [default: 30m].
     #[arg(long, env = "BILLING_CONSUMER_TIMEOUT", global = true)]
     consumer_timeout: Option<String>,
+    /// Partition queues of the credit stream, P.customer-credit.0 .. N-1
+    /// [default: 4]. Changing it needs the drain-and-redeclare procedure.
+    #[arg(long, env = "BILLING_PARTITIONS", global = true)]
+    partitions: Option<u32>,
+    /// How long a credit partition lease lasts unrenewed: how long the
+    /// partitions of a process that died wait for another [default: 15s].
+    #[arg(long, env = "BILLING_PARTITION_LEASE", global = true)]
+    partition_lease: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -161,6 +175,47 @@ enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Measure warren against a bare consumer and the hand-written pattern, on
+    /// PostgreSQL and SQLite, in one run; prints rates and their ratios.
+    Bench {
+        /// Messages per workload.
+        #[arg(long, default_value_t = 20_000)]
+        messages: usize,
+        /// PostgreSQL server to make a schema of its own on. The default asks
+        /// for no TLS: to a database on the same host it only costs CPU, the
+        /// same in every row but the bare drain's (say `sslmode=require` to
+        /// measure with it).
+        #[arg(
+            long,
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+        )]
+        postgres_url: String,
+        /// Databases to run on: postgres, sqlite, or both.
+        #[arg(long, value_delimiter = ',', default_value = "postgres,sqlite")]
+        databases: Vec<String>,
+        /// How long the latency run publishes at half of row 4's rate.
+        #[arg(long, default_value = "10s", value_parser = warren::retry::parse_delay)]
+        latency_period: Duration,
+        /// Fail if warren's one-insert consumer falls below half its goal
+        /// ratio of the bare drain (0.3 on PostgreSQL, 0.2 on SQLite).
+        #[arg(long)]
+        check: bool,
+        /// Fail if warren's one-insert consumer is not at least this many
+        /// times as fast as the seed pattern by hand (e.g. 1.3).
+        #[arg(long)]
+        min_over_seed: Option<f64>,
+        /// Repeat rows 3 and 4 with this many rows in the inbox, and time the
+        /// purge of a million expired ones (e.g. 10000000) [default: skip].
+        #[arg(long, default_value_t = 0)]
+        inbox_rows: u64,
+        /// Run row 4 over a grid of prefetch, concurrency and batch size.
+        #[arg(long)]
+        sweep: bool,
+        /// Rows to run besides the bare drain (row 1, every ratio's
+        /// baseline, always runs): any of 2, 3, 4, 5, 6.
+        #[arg(long, value_delimiter = ',', default_value = "2,3,4,5,6")]
+        rows: Vec<u8>,
+    },
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -185,10 +240,13 @@ impl Cli {
             http: self.http.clone(),
             prefetch: self.prefetch,
             concurrency: self.concurrency,
+            batch_size: self.batch_size,
             retry_tiers: self.retry_tiers.clone().map(|t| vec![t]),
             log_format: self.log_format.clone(),
             inbox_retention: self.inbox_retention.clone(),
             consumer_timeout: self.consumer_timeout.clone(),
+            partitions: self.partitions,
+            partition_lease: self.partition_lease.clone(),
         };
         let file = match &self.config {
             Some(path) => config::Raw::from_file(path)?,
@@ -207,10 +265,13 @@ impl Config {
         Settings {
             prefetch: self.prefetch,
             concurrency: self.concurrency,
+            batch_size: self.batch_size,
             retry,
             queue_type: QueueType::Quorum,
             consumer_timeout: self.consumer_timeout,
             tls: self.tls.clone(),
+            partitions: self.partitions,
+            partition_lease: self.partition_lease,
         }
     }
 
@@ -247,6 +308,39 @@ fn init_logging(format: Option<LogFormat>, default_level: &str) {
     }
 }
 
+/// `billing bench`: warnings to stderr, and warren's per-message events to the
+/// latency probe only.
+fn init_bench_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, filter};
+    let probe = bench::Probe(SETTLED.clone())
+        .with_filter(filter::Targets::new().with_target("warren::telemetry", tracing::Level::INFO));
+    // lapin reports the channels the clean-up closes on purpose; only warren's
+    // and billing's own warnings are news.
+    let warnings = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
+            filter::Targets::new()
+                .with_target("warren", tracing::Level::WARN)
+                // Row 6 dead-letters one message in fifty on purpose; the
+                // per-message events go to the probe.
+                .with_target(
+                    "warren::pipeline::settle",
+                    tracing::level_filters::LevelFilter::OFF,
+                )
+                .with_target(
+                    "warren::telemetry",
+                    tracing::level_filters::LevelFilter::OFF,
+                )
+                .with_target("billing", tracing::Level::WARN),
+        );
+    tracing_subscriber::registry()
+        .with(probe)
+        .with(warnings)
+        .init();
+}
+
 /// Runs `$body` with `$B` bound to the database type of `$db` and `$store` to its store.
 macro_rules! with_store {
     ($db:expr, |$store:ident: $B:ident| $body:expr) => {
@@ -273,11 +367,20 @@ async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Data
         .map_err(|e| format!("cannot open the database {}: {e}", url.redacted()))
 }
 
+/// The database pool: one connection per concurrent transaction, and a few for
+/// the relay, the leases and the probes.
+fn pool_size(concurrency: usize) -> u32 {
+    u32::try_from(concurrency)
+        .unwrap_or(u32::MAX)
+        .saturating_add(4)
+}
+
+/// When each message settled, recorded during `billing bench`'s latency runs.
+static SETTLED: std::sync::LazyLock<bench::Settled> = std::sync::LazyLock::new(Default::default);
+
 async fn run(command: Command, cfg: Config) -> Result<bool, String> {
     let cli = &cfg;
-    let pool = u32::try_from(cli.concurrency)
-        .unwrap_or(u32::MAX)
-        .saturating_add(4);
+    let pool = pool_size(cli.concurrency);
     match &command {
         Command::Run => {
             // Installed before anything else, so a SIGTERM during start-up drains.
@@ -374,6 +477,59 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             Ok(true)
         }
         Command::Demo { count, keep } => demo_command(cli, *count, *keep, pool).await,
+        Command::Bench {
+            messages,
+            postgres_url,
+            databases,
+            latency_period,
+            check,
+            min_over_seed,
+            inbox_rows,
+            sweep,
+            rows,
+        } => {
+            if let Some(bad) = rows.iter().find(|r| !(1..=6).contains(*r)) {
+                return Err(format!("--rows: {bad} is not a row; the rows are 1 to 6"));
+            }
+            let has = |r: u8| rows.contains(&r);
+            if has(6) && !has(3) {
+                return Err("row 6 is measured against row 3: add 3 to --rows".into());
+            }
+            if *check && !has(3) {
+                return Err("--check judges row 3: add 3 to --rows".into());
+            }
+            if min_over_seed.is_some() && !(has(2) && has(3)) {
+                return Err("--min-over-seed compares rows 3 and 2: add both to --rows".into());
+            }
+            if (*inbox_rows > 0 || *sweep) && !(has(3) && has(4)) {
+                return Err(
+                    "--inbox-rows and --sweep build on rows 3 and 4: add both to --rows".into(),
+                );
+            }
+            if *messages < 100 {
+                return Err(format!("--messages must be at least 100, got {messages}"));
+            }
+            for d in databases {
+                if d != "postgres" && d != "sqlite" {
+                    return Err(format!("--databases: {d:?} is not postgres or sqlite"));
+                }
+            }
+            let spec = bench::BenchSpec {
+                messages: *messages,
+                postgres: databases
+                    .iter()
+                    .any(|d| d == "postgres")
+                    .then(|| postgres_url.clone()),
+                sqlite: databases.iter().any(|d| d == "sqlite"),
+                latency_period: *latency_period,
+                check: *check,
+                min_over_seed: *min_over_seed,
+                inbox_rows: *inbox_rows,
+                sweep: *sweep,
+                rows: rows.clone(),
+            };
+            bench::run(cli, &spec, &SETTLED).await
+        }
         Command::Chaos {
             count,
             processes,
@@ -585,11 +741,25 @@ async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
 }
 
 /// Removes what the demo created: its queues and exchange, and its schema.
+async fn drop_schema(url: &DatabaseUrl, schema: &str) {
+    if let Ok(options) = warren::PgStore::options(url.as_str())
+        && let Ok(pool) = sqlx::PgPool::connect_with(options).await
+    {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&pool)
+            .await;
+        pool.close().await;
+    }
+}
+
 async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Option<&str>) {
     if let Ok(connection) =
         warren::broker::connect_with_tls(&cli.amqp_url, "billing demo teardown", &cli.tls).await
     {
         if let Ok(topology) = service::topology(names, settings) {
+            let _ = warren::broker::delete(&connection, &topology).await;
+        }
+        if let Ok(topology) = service::credit_topology(names, settings) {
             let _ = warren::broker::delete(&connection, &topology).await;
         }
         let _ = connection.close(200, "done".into()).await;
@@ -598,14 +768,8 @@ async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Opti
         let _ = db::mysql::drop_database(url, name).await;
         return;
     }
-    if let (Some(schema), Some(url)) = (schema, &cli.database_url)
-        && let Ok(options) = warren::PgStore::options(url.as_str())
-        && let Ok(pool) = sqlx::PgPool::connect_with(options).await
-    {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&pool)
-            .await;
-        pool.close().await;
+    if let (Some(schema), Some(url)) = (schema, &cli.database_url) {
+        drop_schema(url, schema).await;
     }
 }
 
@@ -626,7 +790,11 @@ fn main() -> ExitCode {
         Command::Demo { .. } | Command::Chaos { .. } => "off",
         _ => "warn",
     };
-    init_logging(cfg.log_format, level);
+    if let Command::Bench { .. } = cli.command {
+        init_bench_logging();
+    } else {
+        init_logging(cfg.log_format, level);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -12,6 +12,7 @@ use warren::{
     Topology,
 };
 
+use crate::credit::{self, CREDIT_CONSUMER};
 use crate::db::BillingDb;
 use crate::handlers::{self, CONSUMER};
 
@@ -40,6 +41,16 @@ impl Names {
     pub fn recorded_queue(&self) -> String {
         format!("{}.invoice-payment-recorded", self.prefix)
     }
+    /// `P.customer-credit`: the consistent-hash exchange of the credit stream,
+    /// and the base name of its partition queues `P.customer-credit.N`.
+    pub fn credit(&self) -> String {
+        format!("{}.customer-credit", self.prefix)
+    }
+    /// `P.customer-credit-limit-changed`: stands in for the downstream consumer
+    /// of the credit events billing emits.
+    pub fn credit_changed_queue(&self) -> String {
+        format!("{}.customer-credit-limit-changed", self.prefix)
+    }
 }
 
 /// Settings of the consumer part.
@@ -47,11 +58,17 @@ impl Names {
 pub struct Settings {
     pub prefetch: u16,
     pub concurrency: usize,
+    /// Deliveries applied in one transaction, at most.
+    pub batch_size: usize,
     pub retry: RetryPolicy,
     pub queue_type: QueueType,
     pub consumer_timeout: Duration,
     /// CA file and client certificate for amqps://.
     pub tls: TlsOptions,
+    /// Partitions of the credit stream.
+    pub partitions: u32,
+    /// How long a partition lease lasts unrenewed.
+    pub partition_lease: Duration,
 }
 
 /// billing's consumer configuration for `names`.
@@ -60,6 +77,7 @@ pub fn consumer_config(names: &Names, settings: &Settings) -> Result<ConsumerCon
         .bind(names.exchange(), ["billing.invoice-paid.*"])
         .with_prefetch(settings.prefetch)
         .with_concurrency(settings.concurrency)
+        .with_batch_size(settings.batch_size)
         .with_retry(settings.retry.clone())
         .with_queue_type(settings.queue_type)
         .with_consumer_timeout(settings.consumer_timeout)
@@ -72,10 +90,37 @@ pub fn consumer_config(names: &Names, settings: &Settings) -> Result<ConsumerCon
         .build()
 }
 
-/// Everything billing declares: the consumer's topology, the downstream stand-in
-/// queue for recorded payments included.
+/// The credit consumer's configuration: `P.events` bound to the hash exchange
+/// `P.customer-credit`, which feeds the partition queues.
+pub fn credit_config(names: &Names, settings: &Settings) -> Result<ConsumerConfig, ConfigError> {
+    ConsumerConfig::builder(CREDIT_CONSUMER, names.credit())
+        .bind(names.exchange(), ["billing.customer-credit-limit-set.*"])
+        .partitioned(names.credit(), settings.partitions)
+        .with_lease_ttl(settings.partition_lease)
+        .with_prefetch(settings.prefetch)
+        .with_concurrency(settings.concurrency)
+        .with_batch_size(settings.batch_size)
+        .with_retry(settings.retry.clone())
+        .with_queue_type(settings.queue_type)
+        .with_consumer_timeout(settings.consumer_timeout)
+        .with_tls(settings.tls.clone())
+        .with_stand_in_queue(
+            names.exchange(),
+            names.credit_changed_queue(),
+            "billing.customer-credit-limit-changed.*",
+        )
+        .build()
+}
+
+/// Everything billing declares for the invoice stream: the consumer's topology,
+/// the downstream stand-in queue for recorded payments included.
 pub fn topology(names: &Names, settings: &Settings) -> Result<Topology, ConfigError> {
     Ok(Topology::for_consumer(&consumer_config(names, settings)?))
+}
+
+/// Everything billing declares for the credit stream, hash ring included.
+pub fn credit_topology(names: &Names, settings: &Settings) -> Result<Topology, ConfigError> {
+    Ok(Topology::for_consumer(&credit_config(names, settings)?))
 }
 
 /// Declares billing's topology.
@@ -89,18 +134,22 @@ pub async fn declare(amqp_url: &str, names: &Names, settings: &Settings) -> Resu
                 warren::admin::redact_url(amqp_url)
             )
         })?;
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| e.to_string())?;
-    let declared = warren::broker::declare(&channel, &topology).await;
+    let credit = credit_topology(names, settings).map_err(|e| e.to_string())?;
+    let mut declared = warren::broker::declare_on(&connection, &topology).await;
+    if declared.is_ok() {
+        declared = warren::broker::declare_on(&connection, &credit).await;
+    }
     let _ = connection.close(200, "declared".into()).await;
     declared.map_err(|e| e.to_string())
 }
 
 /// What runs until shutdown, and the handles to watch it.
 pub struct Running {
+    /// The invoice consumer's counters.
     pub stats: StatsHandle,
+    /// The credit consumer's counters.
+    pub credit_stats: StatsHandle,
+    /// Both consumers (and the relay); ends with the first error.
     pub task: tokio::task::JoinHandle<Result<(), warren::Error>>,
 }
 
@@ -119,20 +168,34 @@ pub async fn start<B: BillingDb>(
     declare(amqp_url, names, settings).await?;
     let consumer = warren::Consumer::new(
         consumer_config(names, settings).map_err(|e| e.to_string())?,
-        store,
+        store.clone(),
         handlers::routes::<B>(&names.exchange()),
     );
+    let credit = warren::Consumer::new(
+        credit_config(names, settings).map_err(|e| e.to_string())?,
+        store,
+        credit::routes::<B>(&names.exchange()),
+    );
     let stats = consumer.stats();
+    let credit_stats = credit.stats();
     let url = amqp_url.to_owned();
     let task = tokio::spawn(async move {
-        let mut stop = stop;
-        consumer
-            .run_with_relay(&url, relay, async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
+        let mut stop_invoices = stop.clone();
+        let mut stop_credit = stop;
+        let invoices = consumer.run_with_relay(&url, relay, async move {
+            let _ = stop_invoices.wait_for(|s| *s).await;
+        });
+        let credit = credit.run(&url, async move {
+            let _ = stop_credit.wait_for(|s| *s).await;
+        });
+        let (invoices, credit) = tokio::join!(invoices, credit);
+        invoices.and(credit)
     });
-    Ok(Running { stats, task })
+    Ok(Running {
+        stats,
+        credit_stats,
+        task,
+    })
 }
 
 /// `billing run`.
@@ -170,6 +233,7 @@ pub async fn run<B: BillingDb>(
         .map_err(|e| format!("cannot listen on {http} (--http): {e}"))?;
     let state = crate::http::State {
         stats: running.stats.clone(),
+        credit_stats: running.credit_stats.clone(),
         metrics: Arc::new(recorder),
     };
     let mut http_stop = stop_rx.clone();

@@ -1,49 +1,11 @@
 //! billing driven from outside, through its contract: the demo's checks on both
 //! databases, and `billing run` processing a realistic batch.
 
-use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
-
-const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-fn pg_url() -> String {
-    std::env::var("WARREN_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn billing() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_billing"));
-    cmd.env("AMQP_URL", AMQP_URL)
-        .env_remove("AMQP_CA_FILE")
-        .env_remove("AMQP_CLIENT_CERT")
-        .env_remove("AMQP_CLIENT_KEY")
-        .env_remove("DATABASE_URL")
-        .env_remove("BILLING_PREFIX")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-fn unique(prefix: &str) -> String {
-    let id = uuid::Uuid::now_v7().simple().to_string();
-    format!("{prefix}-{}", &id[id.len() - 10..])
-}
-
-async fn output(cmd: &mut Command) -> (bool, String, String) {
-    let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
-        .await
-        .expect("billing finished within 300 s")
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+use common::*;
 
 #[tokio::test]
 async fn demo_passes_its_checks_on_sqlite() {
@@ -63,11 +25,6 @@ async fn demo_passes_its_checks_on_postgres() {
     assert!(ok, "demo failed:\n{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
     assert!(out.contains("PostgreSQL"), "{out}");
-}
-
-/// The MySQL/MariaDB server the tests use, as `mysql://.../` (no database).
-fn mysql_server() -> String {
-    std::env::var("WARREN_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/".into())
 }
 
 #[tokio::test]
@@ -253,68 +210,6 @@ async fn no_form_of_credential_is_printed() {
     }
 }
 
-async fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    Some(response)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts `billing run` from `cmd` (flags already set) serving HTTP on `port`,
-/// and waits until `/readyz` answers 200.
-async fn start_run(cmd: &mut Command, port: u16, stderr: Stdio) -> tokio::process::Child {
-    let run = cmd
-        .args(["--http", &format!("127.0.0.1:{port}"), "run"])
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            http_get(port, "/readyz")
-                .await
-                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-        })
-        .await,
-        "billing run became ready"
-    );
-    run
-}
-
-fn line_value(out: &str, label: &str) -> Option<i64> {
-    out.lines()
-        .find(|l| l.trim_start().starts_with(label))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-}
-
-async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    false
-}
-
 /// Starts `billing run`, publishes a batch with duplicates, v1 and v2, poison and
 /// flaky messages, and checks the database and queues against the contract.
 async fn run_processes_a_realistic_batch(database_url: &str) {
@@ -408,34 +303,9 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
         .unwrap();
     assert!(exit.success(), "exit 0 on SIGTERM: {exit:?}");
 
-    // Remove the test's queues and exchange.
+    // Remove the test's queues and exchanges.
     let connection = warren_connect().await;
-    let mut topology = warren::Topology::default();
-    for q in [
-        format!("{prefix}.invoice-paid"),
-        format!("{prefix}.invoice-paid.retry.200ms"),
-        format!("{prefix}.invoice-paid.retry.500ms"),
-        format!("{prefix}.invoice-paid.dead-letter"),
-        format!("{prefix}.invoice-payment-recorded"),
-    ] {
-        topology.queues.push(warren::topology::QueueSpec::new(
-            q,
-            warren::QueueType::Quorum,
-        ));
-    }
-    topology.exchanges.push(warren::topology::ExchangeSpec {
-        name: format!("{prefix}.events"),
-        kind: warren::topology::ExchangeKind::Topic,
-    });
-    warren::broker::delete(&connection, &topology)
-        .await
-        .unwrap();
-}
-
-async fn warren_connect() -> warren::lapin::Connection {
-    warren::broker::connect(AMQP_URL, "billing tests")
-        .await
-        .unwrap()
+    delete_topology(&connection, &prefix).await;
 }
 
 #[tokio::test]
@@ -673,24 +543,8 @@ impl Paid {
 }
 
 async fn delete_topology(connection: &warren::lapin::Connection, prefix: &str) {
-    let mut topology = warren::Topology::default();
-    for q in [
-        format!("{prefix}.invoice-paid"),
-        format!("{prefix}.invoice-paid.retry.200ms"),
-        format!("{prefix}.invoice-paid.retry.500ms"),
-        format!("{prefix}.invoice-paid.dead-letter"),
-        format!("{prefix}.invoice-payment-recorded"),
-    ] {
-        topology.queues.push(warren::topology::QueueSpec::new(
-            q,
-            warren::QueueType::Quorum,
-        ));
-    }
-    topology.exchanges.push(warren::topology::ExchangeSpec {
-        name: format!("{prefix}.events"),
-        kind: warren::topology::ExchangeKind::Topic,
-    });
-    warren::broker::delete(connection, &topology).await.unwrap();
+    delete_invoice_topology(connection, prefix).await;
+    delete_credit_topology(connection, prefix, 4, &["200ms", "500ms"]).await;
 }
 
 /// Issue 10: amounts are exact decimals on both databases (a 30-digit amount and

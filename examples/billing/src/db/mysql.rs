@@ -6,13 +6,17 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Executor, Pool};
 use warren::{MySqlStore, StoreError, Tx};
 
-use super::{Audit, BillingDb, Counts, Payment, audit_with, corrupt, integer, sum_by_currency};
+use super::{
+    Audit, BillingDb, Counts, Payment, audit_with, corrupt, credit_state_with, integer,
+    sum_by_currency,
+};
+use crate::credit::{CreditLimit, CreditState};
 
 // Amounts and points are kept as the canonical decimal text, as on SQLite, and
 // summed here exactly: a DECIMAL column would hand sums back at the column's
 // scale (`149.000000000`), not in the digits the producer wrote. Keys compare
 // as bytes, like warren's.
-const TABLES: [&str; 2] = [
+const TABLES: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS invoices (
         invoice_id        VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PRIMARY KEY,
         customer_id       VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
@@ -28,6 +32,19 @@ const TABLES: [&str; 2] = [
         customer_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
         points      VARCHAR(64)  NOT NULL,
         message_id  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL
+    ) ENGINE = InnoDB",
+    "CREATE TABLE IF NOT EXISTS customer_credit (
+        customer_id  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PRIMARY KEY,
+        credit_limit VARCHAR(64)  NOT NULL,
+        version      BIGINT       NOT NULL
+    ) ENGINE = InnoDB",
+    "CREATE TABLE IF NOT EXISTS credit_limit_changes (
+        customer_id  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        version      BIGINT       NOT NULL,
+        credit_limit VARCHAR(64)  NOT NULL,
+        message_id   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        applied_seq  BIGINT       NOT NULL,
+        PRIMARY KEY (customer_id, version)
     ) ENGINE = InnoDB",
 ];
 
@@ -132,6 +149,52 @@ impl BillingDb for MySql {
         Ok(())
     }
 
+    async fn apply_credit_limit<'a>(
+        tx: &'a mut Tx<MySql>,
+        c: &'a CreditLimit,
+        message_id: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        // The limit is assigned first, while `version` still holds the old one.
+        sqlx::query(
+            "INSERT INTO customer_credit (customer_id, credit_limit, version) VALUES (?, ?, ?)
+             ON DUPLICATE KEY UPDATE
+                credit_limit = IF(version < VALUES(version), VALUES(credit_limit), credit_limit),
+                version = GREATEST(version, VALUES(version))",
+        )
+        .bind(&c.customer_id)
+        .bind(&c.credit_limit)
+        .bind(c.version)
+        .execute(tx.conn())
+        .await?;
+        let seq: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(applied_seq), 0) + 1 FROM credit_limit_changes WHERE customer_id = ?",
+        )
+        .bind(&c.customer_id)
+        .fetch_one(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO credit_limit_changes
+                (customer_id, version, credit_limit, message_id, applied_seq)
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&c.customer_id)
+        .bind(c.version)
+        .bind(&c.credit_limit)
+        .bind(message_id)
+        .bind(seq)
+        .execute(tx.conn())
+        .await?;
+        Ok(())
+    }
+
+    async fn credit_state(store: &MySqlStore) -> Result<CreditState, StoreError> {
+        credit_state_with(
+            store.pool(),
+            "SELECT customer_id, credit_limit, version FROM customer_credit",
+        )
+        .await
+    }
+
     async fn counts<'a>(store: &'a MySqlStore, consumer: &'a str) -> Result<Counts, StoreError> {
         let (invoices_paid, loyalty_rows, inbox_rows): (i64, i64, i64) = sqlx::query_as(
             "SELECT
@@ -172,7 +235,8 @@ impl BillingDb for MySql {
         // warren keeps message ids as bytes on MySQL.
         audit_with(
             store.pool(),
-            "SELECT CAST(message_id AS CHAR) FROM warren_outbox",
+            "SELECT CAST(message_id AS CHAR) FROM warren_outbox
+             WHERE routing_key = 'billing.invoice-payment-recorded.v1'",
         )
         .await
     }

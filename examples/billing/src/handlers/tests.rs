@@ -18,10 +18,13 @@ async fn kit() -> TestConsumer<SqliteStore> {
     let settings = Settings {
         prefetch: 32,
         concurrency: 8,
+        batch_size: 32,
         retry: RetryPolicy::default(),
         queue_type: QueueType::default(),
         consumer_timeout: Duration::from_secs(30 * 60),
         tls: TlsOptions::default(),
+        partitions: 4,
+        partition_lease: Duration::from_secs(15),
     };
     TestConsumer::new(
         consumer_config(&names, &settings).unwrap(),

@@ -1,0 +1,165 @@
+//! Instruments of the benchmark: when each message settled (from warren's own
+//! "message processed" event, logged after the commit and the ack), and the
+//! process's peak resident memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::field::{Field, Visit};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::Context;
+
+/// When each message id settled, while recording.
+#[derive(Clone, Default)]
+pub struct Settled(Arc<Mutex<Option<HashMap<String, Instant>>>>);
+
+impl Settled {
+    /// Starts recording (and forgets what was recorded before).
+    pub fn start(&self) {
+        *self.lock() = Some(HashMap::new());
+    }
+
+    /// Stops recording and returns what was recorded.
+    pub fn take(&self) -> HashMap<String, Instant> {
+        self.lock().take().unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<HashMap<String, Instant>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The layer that feeds [`Settled`].
+pub struct Probe(pub Settled);
+
+#[derive(Default)]
+struct Fields {
+    processed: bool,
+    message_id: Option<String>,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message_id" {
+            self.message_id = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.processed = format!("{value:?}") == "message processed";
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Probe {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        let now = Instant::now();
+        let mut guard = self.0.lock();
+        let Some(settled) = guard.as_mut() else {
+            return;
+        };
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if let (true, Some(id)) = (fields.processed, fields.message_id) {
+            settled.entry(id).or_insert(now);
+        }
+    }
+}
+
+/// The p-th percentile (0 to 100) of `samples`, sorted in place.
+pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    samples.sort_unstable();
+    let rank = ((p / 100.0) * (samples.len() - 1) as f64).round() as usize;
+    samples[rank.min(samples.len() - 1)]
+}
+
+/// Resets the process's peak resident set size, so that the next reading is
+/// the peak of what runs from now on. False where the kernel does not allow it.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The process's peak resident set size since the last reset, in MiB.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// CPU time spent so far by this process, the broker and the database server
+/// on this host, read from `/proc` (Linux). The broker and the database are
+/// found by process name (`beam.smp`, `postgres`); a server on another host,
+/// or none, reads as zero.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTimes {
+    pub this_process: Duration,
+    pub broker: Duration,
+    pub database: Duration,
+}
+
+impl CpuTimes {
+    /// Reads them now.
+    pub fn now() -> Self {
+        let mut times = Self {
+            this_process: stat_cpu("/proc/self/stat", false).unwrap_or_default(),
+            ..Self::default()
+        };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return times;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
+                continue;
+            };
+            let stat = path.join("stat");
+            let stat = stat.to_string_lossy();
+            match comm.trim() {
+                "beam.smp" => times.broker += stat_cpu(&stat, false).unwrap_or_default(),
+                // Backends that ended were reaped by the postmaster: their
+                // time is in its children's fields.
+                "postgres" => times.database += stat_cpu(&stat, true).unwrap_or_default(),
+                _ => {}
+            }
+        }
+        times
+    }
+
+    /// What was spent between `earlier` and this reading.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            this_process: self.this_process.saturating_sub(earlier.this_process),
+            broker: self.broker.saturating_sub(earlier.broker),
+            database: self.database.saturating_sub(earlier.database),
+        }
+    }
+}
+
+/// User and system time from a `/proc/<pid>/stat` file, with the reaped
+/// children's if `children`.
+fn stat_cpu(path: &str, children: bool) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    let mut ticks = field(14)? + field(15)?;
+    if children {
+        ticks += field(16)? + field(17)?;
+    }
+    // The kernel's USER_HZ: 100 on every Linux this runs on.
+    Some(Duration::from_millis(ticks * 10))
+}

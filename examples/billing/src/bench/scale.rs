@@ -1,0 +1,155 @@
+//! What `billing bench` measures beyond rows 1 to 6: rows 3 and 4 with a large
+//! inbox and the purge beside them (`--inbox-rows`), and row 4 over a grid of
+//! settings (`--sweep`).
+
+use std::time::Duration;
+
+use super::dbs::BenchDb;
+use super::workloads::{self, Env, invoices};
+use super::{BenchSpec, Settled, goals, met, ms, rate, row3, row4};
+use crate::service::Settings;
+use warren::Publisher;
+
+/// Rows 3 and 4 again with `--inbox-rows` rows in the inbox, then the purge of
+/// a million expired rows timed while billing drains a queue.
+pub(super) async fn big_inbox<B: BenchDb>(
+    env: &Env,
+    spec: &BenchSpec,
+    store: &B::S,
+    messages: &[crate::stream::Planned],
+    empty_row3: f64,
+    empty_row4: f64,
+    settled: &Settled,
+) -> Result<(), String> {
+    let half = spec.inbox_rows / 2;
+    let expired = half.min(1_000_000);
+    let fill_start = std::time::Instant::now();
+    B::fill_inbox(
+        B::pool(store),
+        &format!("bench-{}", env.tag),
+        spec.inbox_rows - half,
+        0,
+    )
+    .await
+    .map_err(|e| format!("cannot fill the inbox: {e}"))?;
+    B::fill_inbox(B::pool(store), crate::handlers::CONSUMER, half, expired)
+        .await
+        .map_err(|e| format!("cannot fill the inbox: {e}"))?;
+    println!(
+        "   with {} rows in warren_inbox (filled in {:.0} s):",
+        spec.inbox_rows,
+        fill_start.elapsed().as_secs_f64()
+    );
+    // Fresh ids each time: the earlier rows' are in the same consumers' inbox.
+    let n = messages.len();
+    let queue = format!("bench-{}-{}-warren-big", env.tag, B::LABEL.to_lowercase());
+    let (row3, _) = row3::<B>(env, store, &queue, &invoices(n)).await?;
+    let prefix = format!("bench-{}-{}-big", env.tag, B::LABEL.to_lowercase());
+    let (row4, _) = row4::<B>(env, store, &prefix, &invoices(n), settled, spec).await?;
+    for (what, full, empty) in [("3", row3, empty_row3), ("4", row4.rate, empty_row4)] {
+        let ratio = full / empty;
+        println!(
+            "   row {what}: {full:.0} msg/s, {ratio:.3} of the same row with an empty inbox \
+             (goal ≥ 0.8: {})",
+            met(ratio >= 0.8)
+        );
+    }
+    // The purge, while billing drains a fresh queue.
+    let prefix = format!("bench-{}-{}-purge", env.tag, B::LABEL.to_lowercase());
+    let billing = workloads::start_billing::<B>(env, store.clone(), &prefix, &invoices(n)).await?;
+    let purge_store = store.clone();
+    let purge = tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        let deleted = warren::admin::purge_inbox(
+            &purge_store,
+            crate::handlers::CONSUMER,
+            Duration::from_secs(365 * 86_400),
+        )
+        .await;
+        (deleted, start.elapsed())
+    });
+    let drained = billing.drain(n).await;
+    let (deleted, purge_time) = purge.await.map_err(|e| e.to_string())?;
+    let deleted = deleted.map_err(|e| format!("purge failed: {e}"))?;
+    billing.stop(env).await;
+    println!(
+        "   warren inbox purge removed {deleted} expired rows in {:.1} s while billing drained {n} \
+         messages at {:.0} msg/s, {:.3} of row 4 with an empty inbox",
+        purge_time.as_secs_f64(),
+        rate(n, drained),
+        rate(n, drained) / empty_row4
+    );
+    Ok(())
+}
+
+/// Row 4 over a grid of prefetch, concurrency and batch size, each with its
+/// p99 at half its own rate; names the settings it recommends.
+pub(super) async fn sweep<B: BenchDb>(
+    env: &Env,
+    spec: &BenchSpec,
+    store: &B::S,
+    bare: f64,
+    settled: &Settled,
+) -> Result<(), String> {
+    let goals = goals::<B>();
+    println!(
+        "\n   sweep of row 4 on {} ({} messages each; ratio of row 1):",
+        B::LABEL,
+        spec.messages
+    );
+    println!(
+        "   {:>8} {:>11} {:>10} {:>9} {:>7} {:>9}",
+        "prefetch", "concurrency", "batch", "msg/s", "ratio", "p99 ms"
+    );
+    let mut best: Option<(f64, u16, usize, usize)> = None;
+    for prefetch in [32u16, 128, 256] {
+        for concurrency in [4usize, 8, 16] {
+            for batch in [1usize, 16, 64] {
+                let cell = Env {
+                    amqp_url: env.amqp_url.clone(),
+                    connection: std::sync::Arc::clone(&env.connection),
+                    publisher: Publisher::new(std::sync::Arc::clone(&env.connection)),
+                    tag: env.tag.clone(),
+                    settings: Settings {
+                        prefetch,
+                        concurrency,
+                        batch_size: batch,
+                        ..env.settings.clone()
+                    },
+                };
+                let messages = invoices(spec.messages);
+                let prefix = format!(
+                    "bench-{}-{}-p{prefetch}c{concurrency}b{batch}",
+                    env.tag,
+                    B::LABEL.to_lowercase()
+                );
+                let (row, (_, p99, _, _)) =
+                    row4::<B>(&cell, store, &prefix, &messages, settled, spec).await?;
+                println!(
+                    "   {prefetch:>8} {concurrency:>11} {batch:>10} {:>9.0} {:>7.3} {:>9.1}",
+                    row.rate,
+                    row.rate / bare,
+                    ms(p99)
+                );
+                if p99 < goals.p99 && best.is_none_or(|(r, ..)| row.rate > r) {
+                    best = Some((row.rate, prefetch, concurrency, batch));
+                }
+            }
+        }
+    }
+    match best {
+        Some((r, p, c, b)) => println!(
+            "   recommended on {}: --prefetch {p} --concurrency {c} --batch-size {b} \
+             ({r:.0} msg/s, {:.3} of row 1, p99 within {} ms)",
+            B::LABEL,
+            r / bare,
+            goals.p99.as_millis()
+        ),
+        None => println!(
+            "   no setting kept p99 within {} ms on {}",
+            goals.p99.as_millis(),
+            B::LABEL
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,517 @@
+//! The workloads, each draining a queue filled before it starts (or an outbox),
+//! timed from the first moment it can take a message to the last one settled.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::{Semaphore, watch};
+use warren::broker::BatchItem;
+use warren::config::BatchIsolation;
+use warren::lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use warren::lapin::types::FieldTable;
+use warren::store::OutboxStore;
+use warren::{
+    Consumer, ConsumerConfig, Outgoing, Publisher, QueueType, Registry, Relay, RelayConfig,
+    Topology, lapin,
+};
+
+use super::dbs::{BenchDb, one_insert, one_insert_failing};
+use super::probe::{Settled, percentile};
+use crate::handlers::{CONSUMER, PAID_V1};
+use crate::service::{self, Names, Settings};
+use crate::stream::{Planned, StreamSpec, plan};
+
+/// What every workload of one run shares.
+pub struct Env {
+    pub amqp_url: String,
+    pub connection: Arc<lapin::Connection>,
+    pub publisher: Publisher,
+    /// Unique to the run: queue names and prefixes start with it.
+    pub tag: String,
+    pub settings: Settings,
+}
+
+/// A failure of the benchmark's own setup.
+fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// `n` unique, valid invoice-paid events (v1), as the publisher sends them.
+pub fn invoices(n: usize) -> Vec<Planned> {
+    plan(&StreamSpec {
+        count: n,
+        duplicates: 0.0,
+        v2: 0.0,
+        poison: 0,
+        flaky: 0,
+        seed: fastrand::u64(..),
+    })
+    .messages
+}
+
+/// Publishes `messages` to `exchange` (or straight to the queue `routing` names,
+/// through the default exchange), each batch confirmed.
+pub async fn publish(
+    env: &Env,
+    exchange: &str,
+    routing: Option<&str>,
+    messages: &[Planned],
+) -> Result<(), String> {
+    for chunk in messages.chunks(500) {
+        let items: Vec<BatchItem<'_>> = chunk
+            .iter()
+            .map(|m| BatchItem {
+                exchange,
+                routing_key: routing.unwrap_or(&m.routing_key),
+                body: &m.body,
+                properties: m.properties.clone(),
+            })
+            .collect();
+        for r in env.publisher.publish_batch(&items).await {
+            r.map_err(|e| format!("cannot fill the queue: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The configuration of the warren consumer of row 3, on `queue`.
+pub fn consumer_config(env: &Env, queue: &str) -> Result<ConsumerConfig, String> {
+    consumer_builder(env, queue)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn consumer_builder(env: &Env, queue: &str) -> warren::config::ConsumerConfigBuilder {
+    ConsumerConfig::builder(format!("bench-{}", env.tag), queue)
+        .with_prefetch(env.settings.prefetch)
+        .with_concurrency(env.settings.concurrency)
+        .with_batch_size(env.settings.batch_size)
+        .with_queue_type(QueueType::Quorum)
+}
+
+/// Declares `queue` (quorum, with its retry tiers and dead-letter queue) and
+/// fills it with `messages`.
+pub async fn filled_queue(
+    env: &Env,
+    queue: &str,
+    messages: &[Planned],
+) -> Result<Topology, String> {
+    let topology = Topology::for_consumer(&consumer_config(env, queue)?);
+    warren::broker::declare_on(&env.connection, &topology)
+        .await
+        .map_err(|e| format!("cannot declare {queue}: {e}"))?;
+    publish(env, "", Some(queue), messages).await?;
+    Ok(topology)
+}
+
+/// How often the bare drain acks: every 64 deliveries, or every half prefetch
+/// when that is less (the broker sends no more than the prefetch unacked).
+pub fn bare_ack_every(prefetch: u16) -> usize {
+    (usize::from(prefetch) / 2).clamp(1, 64)
+}
+
+/// A channel of its own with the run's prefetch, subscribed to `queue`: how
+/// rows 1 and 2 consume without warren.
+async fn subscribe(
+    env: &Env,
+    queue: &str,
+    row: &str,
+) -> Result<(lapin::Channel, lapin::Consumer), String> {
+    let channel = env
+        .connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    channel
+        .basic_qos(env.settings.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let deliveries = channel
+        .basic_consume(
+            queue.into(),
+            format!("bench-{row}-{}", env.tag).as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((channel, deliveries))
+}
+
+/// Row 1: a lapin consumer with the same prefetch that touches no database and
+/// acks with `multiple` every [`bare_ack_every`] deliveries.
+pub async fn bare_drain(env: &Env, queue: &str, n: usize) -> Result<Duration, String> {
+    let start = Instant::now();
+    let (channel, mut deliveries) = subscribe(env, queue, "bare").await?;
+    let mut seen = 0;
+    let every = bare_ack_every(env.settings.prefetch);
+    while let Some(Ok(d)) = deliveries.next().await {
+        seen += 1;
+        if seen % every == 0 || seen == n {
+            d.acker
+                .ack(BasicAckOptions { multiple: true })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if seen == n {
+            break;
+        }
+    }
+    let elapsed = start.elapsed();
+    let _ = channel.close(200, "done".into()).await;
+    Ok(elapsed)
+}
+
+/// Row 2: the pattern of the reference texts written by hand: for each
+/// delivery, one transaction with the inbox row (`ON CONFLICT DO NOTHING`) and
+/// the effect, then the ack; `concurrency` deliveries at once, on a pool as large
+/// as warren's.
+pub async fn seed_pattern<B: BenchDb>(
+    env: &Env,
+    pool: &sqlx::Pool<B>,
+    queue: &str,
+    n: usize,
+) -> Result<Duration, String> {
+    let workers = Arc::new(Semaphore::new(env.settings.concurrency));
+    let done = Arc::new(AtomicUsize::new(0));
+    let (finished_tx, mut finished) = watch::channel(false);
+    let start = Instant::now();
+    let (channel, mut deliveries) = subscribe(env, queue, "seed").await?;
+    let consumer = format!("seed-{}", env.tag);
+    let mut taken = 0;
+    while taken < n {
+        let permit = Arc::clone(&workers)
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let Some(Ok(d)) = deliveries.next().await else {
+            return Err("the seed pattern's subscription ended".into());
+        };
+        taken += 1;
+        let (pool, consumer, done, finished_tx) = (
+            pool.clone(),
+            consumer.clone(),
+            Arc::clone(&done),
+            finished_tx.clone(),
+        );
+        tokio::spawn(async move {
+            let id = d
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            // A failure would be retried by redelivery; here none is expected.
+            B::seed_apply(&pool, &consumer, &id)
+                .await
+                .expect("the seed transaction commits");
+            d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+            drop(permit);
+            if done.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                let _ = finished_tx.send(true);
+            }
+        });
+    }
+    let _ = finished.wait_for(|f| *f).await;
+    let elapsed = start.elapsed();
+    let _ = channel.close(200, "done".into()).await;
+    Ok(elapsed)
+}
+
+/// Waits until `applied` reaches `n`, from the moment `consuming` turns true.
+async fn drained(stats: &warren::telemetry::StatsHandle, n: usize) -> Duration {
+    while !stats.health().consuming {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let start = Instant::now();
+    while {
+        let s = stats.snapshot();
+        s.applied + s.dead_lettered
+    } < n as u64
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    start.elapsed()
+}
+
+/// Row 3: warren's consumer, the handler writing one row; for row 6 with
+/// another batch isolation, or failing for one message in fifty.
+pub async fn warren_one_insert<B: BenchDb>(
+    env: &Env,
+    store: B::S,
+    queue: &str,
+    n: usize,
+    isolation: BatchIsolation,
+    failing: bool,
+) -> Result<(Duration, warren::telemetry::ConsumerStats), String> {
+    let routes: Registry<B> = if failing {
+        Registry::new().route(PAID_V1, 1, one_insert_failing::<B>)
+    } else {
+        Registry::new().route(PAID_V1, 1, one_insert::<B>)
+    };
+    let config = consumer_builder(env, queue)
+        .with_batch_isolation(isolation)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let consumer = Consumer::new(config, store, routes);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let url = env.amqp_url.clone();
+    let task = tokio::spawn(async move {
+        consumer
+            .run(&url, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let elapsed = drained(&stats, n).await;
+    let _ = stop.send(());
+    task.await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok((elapsed, stats.snapshot()))
+}
+
+/// billing itself, running: both consumers and the relay.
+pub struct Billing {
+    pub names: Names,
+    running: service::Running,
+    stop: watch::Sender<bool>,
+}
+
+/// Starts billing on `store` under a prefix of its own, its queue filled with
+/// `messages` first.
+pub async fn start_billing<B: BenchDb>(
+    env: &Env,
+    store: B::S,
+    prefix: &str,
+    messages: &[Planned],
+) -> Result<Billing, String> {
+    let names = Names::new(prefix);
+    service::declare(&env.amqp_url, &names, &env.settings).await?;
+    publish(env, &names.exchange(), None, messages).await?;
+    let (stop, stopped) = watch::channel(false);
+    let running = service::start::<B>(
+        store,
+        &env.amqp_url,
+        &names,
+        &env.settings,
+        RelayConfig::new(CONSUMER),
+        stopped,
+    )
+    .await?;
+    Ok(Billing {
+        names,
+        running,
+        stop,
+    })
+}
+
+impl Billing {
+    /// Row 4: how long the filled queue takes to drain.
+    pub async fn drain(&self, n: usize) -> Duration {
+        drained(&self.running.stats, n).await
+    }
+
+    /// Publishes invoices at `rate` a second for `period` and returns the
+    /// latency of each, from just before its publish to its settling (commit,
+    /// then ack).
+    pub async fn latencies(
+        &self,
+        env: &Env,
+        settled: &Settled,
+        rate: f64,
+        period: Duration,
+    ) -> Result<(Duration, Duration, usize), String> {
+        let before = self.running.stats.snapshot().applied;
+        let tick = Duration::from_millis(10);
+        let per_tick = rate * tick.as_secs_f64();
+        let total = (rate * period.as_secs_f64()).round() as usize;
+        let messages = invoices(total);
+        let mut published: HashMap<String, Instant> = HashMap::with_capacity(total);
+        settled.start();
+        let mut interval = tokio::time::interval(tick);
+        let (mut sent, mut due) = (0usize, 0.0f64);
+        while sent < total {
+            interval.tick().await;
+            due += per_tick;
+            let upto = (due.floor() as usize).min(total);
+            if upto > sent {
+                let now = Instant::now();
+                for m in &messages[sent..upto] {
+                    let id = m
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default();
+                    published.insert(id, now);
+                }
+                publish(env, &self.names.exchange(), None, &messages[sent..upto]).await?;
+                sent = upto;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.running.stats.snapshot().applied < before + total as u64 {
+            if Instant::now() > deadline {
+                return Err("the latency run did not settle within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The last "message processed" event follows the counter closely.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let settled = settled.take();
+        let mut samples: Vec<Duration> = published
+            .iter()
+            .filter_map(|(id, at)| settled.get(id).map(|s| s.saturating_duration_since(*at)))
+            .collect();
+        let seen = samples.len();
+        Ok((
+            percentile(&mut samples, 50.0),
+            percentile(&mut samples, 99.0),
+            seen,
+        ))
+    }
+
+    /// Outbox rows still waiting for the relay.
+    pub async fn outbox_pending<S: OutboxStore>(store: &S) -> i64 {
+        store.outbox_counts().await.map(|c| c.pending).unwrap_or(-1)
+    }
+
+    /// Stops billing and removes its queues.
+    pub async fn stop(self, env: &Env) {
+        let _ = self.stop.send(true);
+        let _ = self.running.task.await;
+        for topology in [
+            service::topology(&self.names, &env.settings),
+            service::credit_topology(&self.names, &env.settings),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = warren::broker::delete(&env.connection, &topology).await;
+        }
+    }
+}
+
+/// Row 5: the relay draining `n` rows written to the outbox beforehand, against
+/// the same messages published by hand in batches of the relay's size, each
+/// batch's confirms awaited (row 5a). Returns (relay, bare).
+pub async fn relay_against_bare<B: BenchDb>(
+    env: &Env,
+    store: B::S,
+    n: usize,
+) -> Result<(Duration, Duration), String> {
+    let exchange = format!("bench-{}.out", env.tag);
+    let queue = format!("bench-{}.out-sink", env.tag);
+    let channel = env
+        .connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(fail("exchange"))?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .map_err(fail("queue"))?;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "#".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(fail("binding"))?;
+
+    let events: Vec<Outgoing> = (0..n)
+        .map(|i| {
+            Outgoing::new("bench.recorded.v1", 1, &serde_json::json!({ "n": i })).expect("JSON")
+        })
+        .collect();
+    let pool = B::pool(&store);
+    for chunk in events.chunks(500) {
+        let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+        for e in chunk {
+            warren::outbox::enqueue::<B>(&mut tx, &exchange, "bench.recorded", e)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tx.commit().await.map_err(|e| e.to_string())?;
+    }
+    let config = RelayConfig::new(format!("bench-{}", env.tag));
+    let batch = config.batch_size;
+    let relay = Relay::new(store, config);
+    let stats = relay.stats_handle();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let url = env.amqp_url.clone();
+    let start = Instant::now();
+    let task = tokio::spawn(async move {
+        relay
+            .run(&url, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    while stats.snapshot().published < n as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let relay_time = start.elapsed();
+    let _ = stop.send(());
+    task.await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+
+    let bodies: Vec<Vec<u8>> = events.iter().map(Outgoing::body).collect();
+    let start = Instant::now();
+    for (chunk, bodies) in events.chunks(batch).zip(bodies.chunks(batch)) {
+        let items: Vec<BatchItem<'_>> = chunk
+            .iter()
+            .zip(bodies)
+            .map(|(m, body)| BatchItem {
+                exchange: &exchange,
+                routing_key: "bench.recorded",
+                body,
+                properties: m.properties(),
+            })
+            .collect();
+        for r in env.publisher.publish_batch(&items).await {
+            r.map_err(fail("bare publish"))?;
+        }
+    }
+    let bare_time = start.elapsed();
+    let _ = channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await;
+    let _ = channel
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await;
+    Ok((relay_time, bare_time))
+}

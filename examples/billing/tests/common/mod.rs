@@ -1,0 +1,179 @@
+//! What billing's test binaries share: running the binary, its HTTP endpoints,
+//! waiting with a deadline.
+#![allow(dead_code, reason = "each test binary uses a part")]
+
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+pub(crate) const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+pub(crate) fn pg_url() -> String {
+    std::env::var("WARREN_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+pub(crate) fn billing() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_billing"));
+    cmd.env("AMQP_URL", AMQP_URL)
+        .env_remove("AMQP_CA_FILE")
+        .env_remove("AMQP_CLIENT_CERT")
+        .env_remove("AMQP_CLIENT_KEY")
+        .env_remove("DATABASE_URL")
+        .env_remove("BILLING_PREFIX")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+pub(crate) fn unique(prefix: &str) -> String {
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("{prefix}-{}", &id[id.len() - 10..])
+}
+
+pub(crate) async fn output(cmd: &mut Command) -> (bool, String, String) {
+    let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
+        .await
+        .expect("billing finished within 300 s")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The MySQL/MariaDB server the tests use, as `mysql://.../` (no database).
+pub(crate) fn mysql_server() -> String {
+    std::env::var("WARREN_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/".into())
+}
+
+pub(crate) async fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    Some(response)
+}
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `billing run` from `cmd` (flags already set) serving HTTP on `port`,
+/// and waits until `/readyz` answers 200.
+pub(crate) async fn start_run(
+    cmd: &mut Command,
+    port: u16,
+    stderr: Stdio,
+) -> tokio::process::Child {
+    let run = cmd
+        .args(["--http", &format!("127.0.0.1:{port}"), "run"])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            http_get(port, "/readyz")
+                .await
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        })
+        .await,
+        "billing run became ready"
+    );
+    run
+}
+
+pub(crate) fn line_value(out: &str, label: &str) -> Option<i64> {
+    out.lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+pub(crate) async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+pub(crate) async fn warren_connect() -> warren::lapin::Connection {
+    warren::broker::connect(AMQP_URL, "billing tests")
+        .await
+        .unwrap()
+}
+
+/// Deletes the credit stream's broker objects of `prefix`: the hash exchange,
+/// each partition's queue, retry tiers (`tiers`, as named, e.g. "200ms") and
+/// dead-letter queue, and the stand-in for the changed events.
+pub(crate) async fn delete_credit_topology(
+    connection: &warren::lapin::Connection,
+    prefix: &str,
+    partitions: u32,
+    tiers: &[&str],
+) {
+    let mut topology = warren::Topology::default();
+    let base = format!("{prefix}.customer-credit");
+    let mut queues = vec![format!("{prefix}.customer-credit-limit-changed")];
+    for i in 0..partitions {
+        queues.push(format!("{base}.{i}"));
+        queues.push(format!("{base}.{i}.dead-letter"));
+        for t in tiers {
+            queues.push(format!("{base}.{i}.retry.{t}"));
+        }
+    }
+    for q in queues {
+        topology.queues.push(warren::topology::QueueSpec::new(
+            q,
+            warren::QueueType::Quorum,
+        ));
+    }
+    topology.exchanges.push(warren::topology::ExchangeSpec {
+        name: base,
+        kind: warren::topology::ExchangeKind::Topic,
+    });
+    warren::broker::delete(connection, &topology).await.unwrap();
+}
+
+/// Deletes the invoice stream's broker objects of `prefix` (retry tiers
+/// 200ms and 500ms) and its exchange.
+pub(crate) async fn delete_invoice_topology(connection: &warren::lapin::Connection, prefix: &str) {
+    let mut topology = warren::Topology::default();
+    for q in [
+        format!("{prefix}.invoice-paid"),
+        format!("{prefix}.invoice-paid.retry.200ms"),
+        format!("{prefix}.invoice-paid.retry.500ms"),
+        format!("{prefix}.invoice-paid.dead-letter"),
+        format!("{prefix}.invoice-payment-recorded"),
+    ] {
+        topology.queues.push(warren::topology::QueueSpec::new(
+            q,
+            warren::QueueType::Quorum,
+        ));
+    }
+    topology.exchanges.push(warren::topology::ExchangeSpec {
+        name: format!("{prefix}.events"),
+        kind: warren::topology::ExchangeKind::Topic,
+    });
+    warren::broker::delete(connection, &topology).await.unwrap();
+}
