@@ -20,6 +20,7 @@ on_all_backends!(
     shuffled_stream_with_duplicates_ends_at_the_highest_version,
     strict_sequence_waits_for_a_version_held_in_a_long_tier,
     a_gap_that_never_fills_is_dead_lettered_as_version_gap,
+    strict_dead_letters_are_replayed_in_version_order,
 );
 
 const UPDATE: &str = "test.update";
@@ -474,5 +475,106 @@ async fn a_gap_that_never_fills_is_dead_lettered_as_version_gap<B: Backend>() {
         Some(3)
     );
     assert_eq!(applied(&db).await["cus_gap"], [1]);
+    cleanup(db, broker, &config).await;
+}
+
+/// Versions 4, 3 and 2 of one customer are dead-lettered as `version-gap` in
+/// that order (version 1 never came). Once version 1 applies, a replay of the
+/// whole dead-letter queue sends them back as 2, 3, 4: on a lane of their key
+/// they apply without waiting for a gap again.
+async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
+    let db = B::create().await;
+    B::exec(&db.store, APPLIED_TABLE.into()).await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_retry(RetryPolicy::new(TEST_TIERS))
+        .with_gap_patience(Duration::from_secs(2))
+        .ordered_by_header("partition-key")
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        Registry::<B>::new().route(UPDATE, 1, strict::<B>),
+    ));
+    let stats = running.stats.clone();
+    let mut ids = BTreeMap::new();
+    for (k, v) in [4, 3, 2].into_iter().enumerate() {
+        let m = update("cus_replay", v);
+        ids.insert(v, m.meta().message_id.clone());
+        broker
+            .publisher
+            .publish(&broker.exchange, "test.update", &m)
+            .await
+            .unwrap();
+        // One at a time, so the dead-letter queue holds them newest first.
+        assert!(
+            wait_for(Duration::from_secs(30), || {
+                let s = stats.snapshot();
+                async move { s.dead_lettered == k as u64 + 1 }
+            })
+            .await,
+            "version {v} dead-lettered: {:?}",
+            stats.snapshot()
+        );
+    }
+    broker
+        .publisher
+        .publish(&broker.exchange, "test.update", &update("cus_replay", 1))
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let s = stats.snapshot();
+            async move { s.applied == 1 }
+        })
+        .await,
+        "{:?}",
+        stats.snapshot()
+    );
+
+    let dlq = warren::admin::DeadLetterQueue::new(broker.connection.clone(), &broker.queue);
+    let listed: Vec<String> = dlq
+        .list(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.message_id)
+        .collect();
+    assert_eq!(
+        listed,
+        [ids[&4].clone(), ids[&3].clone(), ids[&2].clone()],
+        "newest first in the queue"
+    );
+    let gap_waits = stats.snapshot().gap_waits;
+    let report = dlq
+        .replay(&warren::admin::Selection::default(), None, false)
+        .await
+        .unwrap();
+    let replayed: Vec<String> = report.replayed.into_iter().map(|r| r.message_id).collect();
+    assert_eq!(
+        replayed,
+        [ids[&2].clone(), ids[&3].clone(), ids[&4].clone()],
+        "replayed in version order"
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let s = stats.snapshot();
+            async move { s.applied == 4 }
+        })
+        .await,
+        "{:?}",
+        stats.snapshot()
+    );
+    let s = stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(applied(&db).await["cus_replay"], [1, 2, 3, 4]);
+    assert_eq!(
+        s.gap_waits, gap_waits,
+        "no replayed version waited for a gap: {s:?}"
+    );
+    assert_eq!(s.dead_lettered, 3, "none dead-lettered again: {s:?}");
     cleanup(db, broker, &config).await;
 }
