@@ -2,8 +2,10 @@
 //! partition queues stops the start, a ring the broker rebuilt in another order
 //! costs a hop but neither a message nor the order, a partition key that cannot be hashed as
 //! producers are told is dead-lettered, partitions move between instances by
-//! lease and are given back on a graceful stop; and ordered lanes on a plain
-//! queue keep one key's deliveries in order without any version gate.
+//! lease and are given back on a graceful stop, every partition queue has a
+//! single active consumer under the leases, a broker without the hash exchange
+//! plugin stops the start with the command that enables it; and ordered lanes
+//! on a plain queue keep one key's deliveries in order without any version gate.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -804,4 +806,113 @@ async fn after_the_count_went_down_no_instance_takes_a_partition_beyond_it() {
     );
     second_end.unwrap();
     first_end.unwrap();
+}
+
+/// Enables the hash exchange plugin again when dropped, so a failing assertion
+/// does not leave the shared broker without it.
+struct PluginOff;
+
+impl PluginOff {
+    fn new() -> Self {
+        plugins("disable");
+        PluginOff
+    }
+}
+
+impl Drop for PluginOff {
+    fn drop(&mut self) {
+        plugins("enable");
+    }
+}
+
+fn plugins(verb: &str) {
+    let out = std::process::Command::new("rabbitmq-plugins")
+        .args([verb, "rabbitmq_consistent_hash_exchange"])
+        .output()
+        .expect("rabbitmq-plugins runs");
+    assert!(
+        out.status.success(),
+        "rabbitmq-plugins {verb}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// With the consistent-hash plugin off, a partitioned consumer stops at once
+/// with an error that names the plugin and the command enabling it, instead
+/// of reconnecting forever. It turns a plugin of the shared broker off, so it
+/// runs alone, after the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "disables a plugin of the shared broker; run alone with --ignored --test-threads=1"]
+async fn a_missing_hash_exchange_plugin_stops_the_start_with_the_command_that_enables_it() {
+    let db = Postgres::create().await;
+    let broker = TestBroker::new().await;
+    let config = partitioned(&broker, 2);
+    let error = {
+        let _off = PluginOff::new();
+        refused(&db, &config).await
+    };
+    assert!(
+        matches!(
+            error,
+            warren::Error::Broker(BrokerError::PluginMissing { .. })
+        ),
+        "{error:?}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"),
+        "says how to enable it: {text}"
+    );
+    // With the plugin back, the same configuration starts and takes its
+    // partitions.
+    first_run(&db, &broker, &config).await;
+    cleanup(db, broker, &[&config]).await;
+}
+
+/// Every partition queue carries `x-single-active-consumer`, the safety net
+/// under the leases: a second subscriber to a partition (an instance whose
+/// lease just expired) waits instead of running the same keys. Read off the
+/// broker's own description of the queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_partition_queue_has_a_single_active_consumer() {
+    let db = Postgres::create().await;
+    let broker = TestBroker::new().await;
+    let config = partitioned(&broker, 3);
+    first_run(&db, &broker, &config).await;
+
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_queues",
+            "name",
+            "arguments",
+            "--formatter",
+            "json",
+        ])
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let queues: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for p in 0..3 {
+        let name = format!("{}.{p}", broker.queue);
+        let queue = queues
+            .iter()
+            .find(|q| q["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name} declared"));
+        let sac = queue["arguments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a[0] == "x-single-active-consumer");
+        assert_eq!(
+            sac.map(|a| a[2].clone()),
+            Some(serde_json::Value::Bool(true)),
+            "{name}: {queue}"
+        );
+    }
+    cleanup(db, broker, &[&config]).await;
 }
