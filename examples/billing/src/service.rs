@@ -180,14 +180,33 @@ pub async fn start<B: BillingDb>(
     let credit_stats = credit.stats();
     let url = amqp_url.to_owned();
     let task = tokio::spawn(async move {
-        let mut stop_invoices = stop.clone();
-        let mut stop_credit = stop;
-        let invoices = consumer.run_with_relay(&url, relay, async move {
-            let _ = stop_invoices.wait_for(|s| *s).await;
-        });
-        let credit = credit.run(&url, async move {
-            let _ = stop_credit.wait_for(|s| *s).await;
-        });
+        // One consumer stopping on an error it cannot mend (a missing plugin,
+        // a drifted queue) stops the other too, so that billing exits with
+        // that error instead of running on half its contract.
+        let failed = Arc::new(watch::channel(false).0);
+        let stop_on = |stop: watch::Receiver<bool>| {
+            let (mut stop, mut failed) = (stop, failed.subscribe());
+            async move {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => {}
+                    _ = failed.wait_for(|f| *f) => {}
+                }
+            }
+        };
+        let report = |ran: Result<(), warren::Error>| {
+            if ran.is_err() {
+                failed.send_replace(true);
+            }
+            ran
+        };
+        let invoices = async {
+            report(
+                consumer
+                    .run_with_relay(&url, relay, stop_on(stop.clone()))
+                    .await,
+            )
+        };
+        let credit = async { report(credit.run(&url, stop_on(stop.clone())).await) };
         let (invoices, credit) = tokio::join!(invoices, credit);
         invoices.and(credit)
     });

@@ -542,6 +542,73 @@ impl Paid {
     }
 }
 
+/// Turns the hash exchange plugin off for the test, and on again when dropped
+/// (also when an assertion fails).
+struct PluginOff;
+
+impl PluginOff {
+    fn new() -> Self {
+        plugins("disable");
+        PluginOff
+    }
+}
+
+impl Drop for PluginOff {
+    fn drop(&mut self) {
+        plugins("enable");
+    }
+}
+
+fn plugins(verb: &str) {
+    let out = std::process::Command::new("rabbitmq-plugins")
+        .args([verb, "rabbitmq_consistent_hash_exchange"])
+        .output()
+        .expect("rabbitmq-plugins runs");
+    assert!(
+        out.status.success(),
+        "rabbitmq-plugins {verb}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// On a broker without the consistent-hash plugin, `billing run` exits with an
+/// error naming the command that enables it, instead of serving invoices with
+/// the credit stream down or reconnecting forever.
+#[tokio::test]
+#[ignore = "disables a plugin of the shared broker; run alone with --ignored --test-threads=1"]
+async fn run_without_the_hash_exchange_plugin_stops_with_the_command_that_enables_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("billing.db");
+    let prefix = unique("billing-plugin");
+    let port = free_port();
+    let started = std::time::Instant::now();
+    let (ok, _, err) = {
+        let _off = PluginOff::new();
+        output(billing().args([
+            "--prefix",
+            prefix.as_str(),
+            "--database-url",
+            database.to_str().unwrap(),
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "run",
+        ]))
+        .await
+    };
+    assert!(!ok, "billing run exited with an error: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "stopped at once, not after retrying: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"),
+        "says how to enable it: {err}"
+    );
+    let connection = warren_connect().await;
+    delete_topology(&connection, &prefix).await;
+}
+
 async fn delete_topology(connection: &warren::lapin::Connection, prefix: &str) {
     delete_invoice_topology(connection, prefix).await;
     delete_credit_topology(connection, prefix, 4, &["200ms", "500ms"]).await;
