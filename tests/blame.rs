@@ -363,7 +363,15 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
         Some("relay-after-publish-before-mark=0.02"),
         opts,
         5,
-        || poison_settled(&db, &broker, &dlq, valid.len()),
+        || async {
+            use warren::store::OutboxStore;
+            // The relay's crash point fires while outbox rows are pending: done
+            // only once they are published, so that the last SIGTERM finds an
+            // idle relay and the process can exit cleanly.
+            poison_settled(&db, &broker, &dlq, valid.len()).await
+                && (broker.ready(&dlq).await > 1
+                    || db.store.outbox_counts().await.is_ok_and(|c| c.pending == 0))
+        },
     )
     .await;
     assert_blame(&db, &broker, &dlq, valid.len(), Some(&killer)).await;
