@@ -168,6 +168,13 @@ async fn poison_settled<B: Backend>(
     dead > 1 || (dead == 1 && db.distinct_effects().await == valid as i64)
 }
 
+/// No outbox row left to publish: the relay is idle, so its crash point cannot
+/// fire any more.
+async fn outbox_drained<B: Backend>(db: &TestDb<B>) -> bool {
+    use warren::store::OutboxStore;
+    db.store.outbox_counts().await.is_ok_and(|c| c.pending == 0)
+}
+
 /// Publishes `n` valid messages straight to `queue` (each writing an outbox
 /// event if `emit`) and returns their ids. Each takes a few milliseconds, so
 /// that a process dying on one message takes others down mid-handler.
@@ -291,7 +298,6 @@ async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
         relay: true,
         ..options()
     };
-    let store = &db.store;
     let deaths = run_until_done(
         &db,
         &broker,
@@ -300,11 +306,9 @@ async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
         opts,
         0,
         || async {
-            use warren::store::OutboxStore;
             // Anything dead-lettered fails the test below; no need to wait.
             broker.ready(&dlq).await > 0
-                || (db.distinct_effects().await == valid.len() as i64
-                    && store.outbox_counts().await.is_ok_and(|c| c.pending == 0))
+                || (db.distinct_effects().await == valid.len() as i64 && outbox_drained(&db).await)
         },
     )
     .await;
@@ -364,13 +368,11 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
         opts,
         5,
         || async {
-            use warren::store::OutboxStore;
             // The relay's crash point fires while outbox rows are pending: done
             // only once they are published, so that the last SIGTERM finds an
             // idle relay and the process can exit cleanly.
             poison_settled(&db, &broker, &dlq, valid.len()).await
-                && (broker.ready(&dlq).await > 1
-                    || db.store.outbox_counts().await.is_ok_and(|c| c.pending == 0))
+                && (broker.ready(&dlq).await > 1 || outbox_drained(&db).await)
         },
     )
     .await;

@@ -397,29 +397,16 @@ async fn strict_sequence_waits_for_a_version_held_in_a_long_tier<B: Backend>() {
     ));
     // v1..v4 apply; v5 goes to the 30 s tier; v6..v8 wait in the short tier.
     let stats = running.stats.clone();
-    assert!(
-        wait_for(Duration::from_secs(20), || {
-            let s = stats.snapshot();
-            async move { s.applied == 4 && s.gap_waits >= 3 }
-        })
-        .await,
-        "{:?}",
-        stats.snapshot()
-    );
+    stats_reach(&stats, Duration::from_secs(20), |s| {
+        s.applied == 4 && s.gap_waits >= 3
+    })
+    .await;
     assert_eq!(
         applied(&db).await["cus_1"],
         [1, 2, 3, 4],
         "nothing after the held version applied first"
     );
-    assert!(
-        wait_for(Duration::from_secs(60), || {
-            let s = stats.snapshot();
-            async move { s.applied == 8 }
-        })
-        .await,
-        "{:?}",
-        stats.snapshot()
-    );
+    stats_reach(&stats, Duration::from_secs(60), |s| s.applied == 8).await;
     let s = running.stats.snapshot();
     running.stop().await.unwrap();
     assert_eq!(applied(&db).await["cus_1"], (1..=8).collect::<Vec<_>>());
@@ -510,30 +497,17 @@ async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
             .await
             .unwrap();
         // One at a time, so the dead-letter queue holds them newest first.
-        assert!(
-            wait_for(Duration::from_secs(30), || {
-                let s = stats.snapshot();
-                async move { s.dead_lettered == k as u64 + 1 }
-            })
-            .await,
-            "version {v} dead-lettered: {:?}",
-            stats.snapshot()
-        );
+        stats_reach(&stats, Duration::from_secs(30), |s| {
+            s.dead_lettered == k as u64 + 1
+        })
+        .await;
     }
     broker
         .publisher
         .publish(&broker.exchange, "test.update", &update("cus_replay", 1))
         .await
         .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(30), || {
-            let s = stats.snapshot();
-            async move { s.applied == 1 }
-        })
-        .await,
-        "{:?}",
-        stats.snapshot()
-    );
+    stats_reach(&stats, Duration::from_secs(30), |s| s.applied == 1).await;
 
     let dlq = warren::admin::DeadLetterQueue::new(broker.connection.clone(), &broker.queue);
     let listed: Vec<String> = dlq
@@ -559,15 +533,7 @@ async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
         [ids[&2].clone(), ids[&3].clone(), ids[&4].clone()],
         "replayed in version order"
     );
-    assert!(
-        wait_for(Duration::from_secs(30), || {
-            let s = stats.snapshot();
-            async move { s.applied == 4 }
-        })
-        .await,
-        "{:?}",
-        stats.snapshot()
-    );
+    stats_reach(&stats, Duration::from_secs(30), |s| s.applied == 4).await;
     let s = stats.snapshot();
     running.stop().await.unwrap();
     assert_eq!(applied(&db).await["cus_replay"], [1, 2, 3, 4]);
@@ -577,4 +543,24 @@ async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
     );
     assert_eq!(s.dead_lettered, 3, "none dead-lettered again: {s:?}");
     cleanup(db, broker, &config).await;
+}
+
+/// Waits up to `within` until the consumer's counters satisfy `done`; fails the
+/// test with the last snapshot if they never do.
+async fn stats_reach(
+    stats: &warren::StatsHandle,
+    within: Duration,
+    done: impl Fn(&warren::telemetry::ConsumerStats) -> bool,
+) {
+    let reached = wait_for(within, || {
+        let s = stats.snapshot();
+        let ok = done(&s);
+        async move { ok }
+    })
+    .await;
+    assert!(
+        reached,
+        "not reached within {within:?}: {:?}",
+        stats.snapshot()
+    );
 }
