@@ -3,17 +3,16 @@
 
 use std::time::Duration;
 
-use crate::config_error::ConfigError;
 use crate::envelope::DEFAULT_MAX_BODY_BYTES;
-use crate::partition::{MAX_PARTITIONS, Partitioning, partition_queue_name};
+use crate::partition::{Partitioning, partition_queue_name};
 use crate::retry::RetryPolicy;
 use crate::tls::TlsOptions;
-use crate::topology::{
-    BindingSpec, QueueLayout, QueueType, Topology, dead_letter_queue_name, retry_queue_name,
-};
+use crate::topology::{BindingSpec, QueueType, dead_letter_queue_name, retry_queue_name};
 
 mod builder;
 mod isolation;
+mod layout;
+mod validate;
 pub use builder::ConsumerConfigBuilder;
 pub use isolation::{BatchIsolation, MAX_SUBTRANSACTIONS};
 
@@ -388,233 +387,12 @@ impl ConsumerConfig {
     pub fn retry_queue(&self, delay: Duration) -> String {
         retry_queue_name(&self.queue, delay)
     }
-
-    /// Checks every setting; the error names the setting and what is allowed.
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        let fail = |field: &str, reason: String| Err(ConfigError::new(field, reason));
-        if self.name.trim().is_empty() || self.name.len() > 200 {
-            return fail(
-                "consumer name",
-                format!("must be 1 to 200 bytes, got {} bytes", self.name.len()),
-            );
-        }
-        if self.name.chars().any(char::is_control) || self.queue.chars().any(char::is_control) {
-            return fail(
-                "consumer name",
-                "the consumer and queue names must not contain control characters".into(),
-            );
-        }
-        if self.queue.trim().is_empty() || self.queue.len() > 200 {
-            return fail(
-                "queue",
-                format!("must be 1 to 200 characters, got {:?}", self.queue),
-            );
-        }
-        if self.exchange.is_some() && self.binding_keys.is_empty() {
-            return fail("binding keys", "an exchange needs at least one".into());
-        }
-        if self.prefetch == 0 {
-            return fail(
-                "prefetch",
-                "must be at least 1 (0 would mean unlimited)".into(),
-            );
-        }
-        if self.concurrency == 0 {
-            return fail("concurrency", "must be at least 1".into());
-        }
-        if self.concurrency > usize::from(self.prefetch) {
-            return fail(
-                "concurrency",
-                format!(
-                    "must not exceed prefetch ({}), got {}: workers beyond the prefetch never get a message",
-                    self.prefetch, self.concurrency
-                ),
-            );
-        }
-        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
-            return fail(
-                "batch size",
-                format!(
-                    "must be 1 to {MAX_BATCH_SIZE}, got {} (1 turns batching off)",
-                    self.batch_size
-                ),
-            );
-        }
-        if let BatchIsolation::Savepoints { handler_savepoints } = self.batch_isolation
-            && handler_savepoints >= MAX_SUBTRANSACTIONS
-        {
-            return fail(
-                "batch isolation",
-                format!(
-                    "a handler that opens {handler_savepoints} savepoints per message leaves no \
-                     room in PostgreSQL's {MAX_SUBTRANSACTIONS} cached subtransactions; use \
-                     BatchIsolation::Replay"
-                ),
-            );
-        }
-        if self.batch_time_limit.is_zero() {
-            return fail("batch time limit", "must be above zero".into());
-        }
-        self.retry.validate()?;
-        if !(self.timeout_warning_share > 0.0 && self.timeout_warning_share <= 1.0) {
-            return fail(
-                "timeout warning share",
-                format!(
-                    "must be above 0 and at most 1, got {}",
-                    self.timeout_warning_share
-                ),
-            );
-        }
-        if self.solo_timeout.is_zero() {
-            return fail("solo timeout", "must be above zero".into());
-        }
-        if self.queue_metrics_interval.is_zero() {
-            return fail("queue metrics interval", "must be above zero".into());
-        }
-        if self.max_body_bytes == 0 {
-            return fail("max body size", "must be at least 1 byte".into());
-        }
-        if let Some(p) = &self.partitions {
-            if !(1..=MAX_PARTITIONS).contains(&p.count) {
-                return fail(
-                    "partitions",
-                    format!("must be 1 to {MAX_PARTITIONS}, got {}", p.count),
-                );
-            }
-            if p.exchange.trim().is_empty() || p.exchange.len() > 200 {
-                return fail(
-                    "partition exchange",
-                    format!("must be 1 to 200 bytes, got {:?}", p.exchange),
-                );
-            }
-            if self.exchange.as_deref() == Some(p.exchange.as_str()) {
-                return fail(
-                    "partition exchange",
-                    "must differ from the exchange the consumer binds to".into(),
-                );
-            }
-            if p.header.trim().is_empty() || p.header.len() > 255 {
-                return fail(
-                    "partition header",
-                    format!("must be 1 to 255 bytes, got {:?}", p.header),
-                );
-            }
-            if p.lease_ttl < Duration::from_secs(1) {
-                return fail(
-                    "partition lease",
-                    format!("must be at least 1 s, got {:?}", p.lease_ttl),
-                );
-            }
-        }
-        if let Some(LaneKey::Header(h)) = &self.lanes
-            && h.trim().is_empty()
-        {
-            return fail("lane header", "must not be empty".into());
-        }
-        if let Some(patience) = self.gap_patience
-            && patience <= self.retry.horizon()
-        {
-            return fail(
-                "gap patience",
-                format!(
-                    "must outlast the retry horizon ({:?}), got {patience:?}: a version waiting \
-                     for one that is still retrying would be dead-lettered first",
-                    self.retry.horizon()
-                ),
-            );
-        }
-        Ok(())
-    }
-}
-
-impl ConsumerConfig {
-    /// The queue-level facts the topology is derived from.
-    pub fn layout(&self) -> QueueLayout {
-        QueueLayout {
-            queue: self.queue.clone(),
-            exchange: self.exchange.clone(),
-            binding_keys: self.binding_keys.clone(),
-            queue_type: self.queue_type,
-            tiers: self.retry.tiers().to_vec(),
-            delivery_limit: backstop_delivery_limit(self.prefetch, self.retry.poison_limit()),
-            outgoing: self.outgoing.clone(),
-            stand_ins: self.stand_ins.clone(),
-            single_active_consumer: self.seat.is_some(),
-        }
-    }
-}
-
-/// The broker's delivery limit on a quorum main queue: the far backstop for a
-/// process that dies before it can record a solo run. Every message a dying
-/// process held gains a delivery, and a message can wait behind a poison one
-/// through all of its solo runs, so the limit grows with the prefetch window
-/// times the poison limit, never below 20.
-fn backstop_delivery_limit(prefetch: u16, poison_limit: u32) -> i64 {
-    (i64::from(prefetch) * (i64::from(poison_limit) + 1)).max(20)
-}
-
-impl Topology {
-    /// The topology of one consumer: [`Topology::for_queue`] of its
-    /// [`layout`](ConsumerConfig::layout).
-    ///
-    /// A partitioned consumer's topology holds its exchanges, every partition's
-    /// queues (main with single active consumer, tiers, dead-letter queue), the
-    /// stand-ins, and the [`Ring`](crate::topology::Ring) that binds them.
-    pub fn for_consumer(config: &ConsumerConfig) -> Self {
-        let Some(partitions) = &config.partitions else {
-            return Topology::for_queue(&config.layout());
-        };
-        let mut layout = config.layout();
-        layout.exchange = None;
-        layout.binding_keys = Vec::new();
-        let shared = Topology::for_queue(&QueueLayout {
-            queue: String::new(),
-            tiers: Vec::new(),
-            ..layout
-        });
-        let mut topology = Topology {
-            exchanges: shared.exchanges,
-            queues: shared
-                .queues
-                .into_iter()
-                .filter(|q| config.stand_ins.iter().any(|s| s.queue == q.name))
-                .collect(),
-            bindings: shared.bindings,
-            ring: None,
-        };
-        if let Some(source) = &config.exchange
-            && !topology.exchanges.iter().any(|e| &e.name == source)
-        {
-            topology.exchanges.insert(
-                0,
-                crate::topology::ExchangeSpec {
-                    name: source.clone(),
-                    kind: crate::topology::ExchangeKind::Topic,
-                },
-            );
-        }
-        for index in 0..partitions.count {
-            let part = config.for_partition(index).layout();
-            topology.queues.extend(Topology::for_queue(&part).queues);
-        }
-        topology.ring = Some(crate::topology::Ring {
-            exchange: partitions.exchange.clone(),
-            header: partitions.header.clone(),
-            queues: config.partition_queues(),
-            next_queue: partition_queue_name(&config.queue, partitions.count),
-            source: config
-                .exchange
-                .clone()
-                .map(|e| (e, config.binding_keys.clone())),
-        });
-        topology
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{ArgValue, QueueSpec, UNBOUNDED_DELIVERY_LIMIT};
+    use crate::topology::{ArgValue, QueueSpec, Topology, UNBOUNDED_DELIVERY_LIMIT};
 
     fn arg(q: &QueueSpec, name: &str) -> ArgValue {
         q.arguments[name].clone()
