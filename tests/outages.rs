@@ -188,13 +188,10 @@ macro_rules! outage_tests {
 
 outage_tests!(
     close_all_connections => async || {
-        run("rabbitmqctl", &["close_all_connections", "warren outage test"]);
+        warren_chaos::close_all_connections().await.unwrap();
     },
     stop_and_start_the_broker => async || {
-        run("rabbitmqctl", &["stop_app"]);
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        run("rabbitmqctl", &["start_app"]);
-        run("rabbitmqctl", &["await_startup"]);
+        warren_chaos::restart_broker(Duration::from_secs(3)).await.unwrap();
     },
 );
 

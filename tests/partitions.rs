@@ -808,35 +808,6 @@ async fn after_the_count_went_down_no_instance_takes_a_partition_beyond_it() {
     first_end.unwrap();
 }
 
-/// Enables the hash exchange plugin again when dropped, so a failing assertion
-/// does not leave the shared broker without it.
-struct PluginOff;
-
-impl PluginOff {
-    fn new() -> Self {
-        plugins("disable");
-        PluginOff
-    }
-}
-
-impl Drop for PluginOff {
-    fn drop(&mut self) {
-        plugins("enable");
-    }
-}
-
-fn plugins(verb: &str) {
-    let out = std::process::Command::new("rabbitmq-plugins")
-        .args([verb, "rabbitmq_consistent_hash_exchange"])
-        .output()
-        .expect("rabbitmq-plugins runs");
-    assert!(
-        out.status.success(),
-        "rabbitmq-plugins {verb}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// With the consistent-hash plugin off, a partitioned consumer stops at once
 /// with an error that names the plugin and the command enabling it, instead
 /// of reconnecting forever. It turns a plugin of the shared broker off, so it
@@ -848,7 +819,7 @@ async fn a_missing_hash_exchange_plugin_stops_the_start_with_the_command_that_en
     let broker = TestBroker::new().await;
     let config = partitioned(&broker, 2);
     let error = {
-        let _off = PluginOff::new();
+        let _off = warren_chaos::HashExchangePluginOff::new().unwrap();
         refused(&db, &config).await
     };
     assert!(

@@ -46,6 +46,11 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+mod broker_tools;
+#[cfg(test)]
+use broker_tools::run_tool;
+pub use broker_tools::{HashExchangePluginOff, close_all_connections, restart_broker};
+
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
@@ -398,9 +403,10 @@ fn is_abort(status: &std::process::ExitStatus) -> bool {
     status.signal() == Some(6)
 }
 
-// Both helpers below run their command with tokio::process: they are called
-// from async code on the runtime's few worker threads, and rabbitmqctl can take
-// seconds (await_startup much longer), which would stall every task on the thread.
+// signal and the broker tools run their command with tokio::process: they are
+// called from async code on the runtime's few worker threads, and rabbitmqctl can
+// take seconds (await_startup much longer), which would stall every task on the
+// thread.
 
 async fn signal(pid: u32, sig: &str) -> Result<(), String> {
     let status = Command::new("kill")
@@ -413,44 +419,6 @@ async fn signal(pid: u32, sig: &str) -> Result<(), String> {
     } else {
         Err(format!("kill {sig} {pid} failed"))
     }
-}
-
-async fn rabbitmqctl(args: &[&str]) -> Result<(), String> {
-    run_tool("rabbitmqctl", args).await
-}
-
-/// Runs `program` to completion without blocking the thread; its stderr is the
-/// error if it fails.
-async fn run_tool(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Closes every client connection of the local broker.
-pub async fn close_all_connections() -> Result<(), String> {
-    rabbitmqctl(&["close_all_connections", "chaos"]).await
-}
-
-/// Stops the local broker's application for `down_for`, then starts it and waits
-/// until it is up.
-pub async fn restart_broker(down_for: Duration) -> Result<(), String> {
-    rabbitmqctl(&["stop_app"]).await?;
-    tokio::time::sleep(down_for).await;
-    rabbitmqctl(&["start_app"]).await?;
-    rabbitmqctl(&["await_startup"]).await
 }
 
 /// A seeded fault schedule and the count of what it injected.

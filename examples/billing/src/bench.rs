@@ -114,7 +114,7 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         tag,
         settings: cfg.settings(warren::RetryPolicy::default()),
     };
-    let pool = crate::pool_size(cfg.concurrency);
+    let pool = crate::db::pool_size(cfg.concurrency);
     println!(
         "billing bench: {} messages per workload; prefetch {}, concurrency {}, batch size {}, \
          pool {pool}; quorum queues; one broker; this machine ({} cores)",
@@ -137,8 +137,8 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         );
         let schema = format!("bench_{}", env.tag);
         let db_url: DatabaseUrl = url.parse().map_err(|e| format!("--postgres-url: {e}"))?;
-        crate::create_schema(&db_url, &schema).await?;
-        let opened = crate::open(&db_url, Some(&schema), pool).await;
+        crate::scratch::create_schema(&db_url, &schema).await?;
+        let opened = crate::db::open(&db_url, Some(&schema), pool).await;
         let result = match opened {
             Ok(crate::db::Database::Postgres(store)) => {
                 let r = on_database::<Postgres>(&env, spec, store.clone(), settled).await;
@@ -148,13 +148,13 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
             Ok(_) => Err("--postgres-url is not a PostgreSQL URL".into()),
             Err(e) => Err(e),
         };
-        crate::drop_schema(&db_url, &schema).await;
+        crate::scratch::drop_schema(&db_url, &schema).await;
         passed &= result?;
     }
     if spec.sqlite {
-        let dir = crate::tempdir()?;
+        let dir = crate::scratch::tempdir()?;
         let url = format!("sqlite://{}", dir.join("bench.db").display());
-        let result = match crate::open(&DatabaseUrl::Sqlite(url), None, pool).await? {
+        let result = match crate::db::open(&DatabaseUrl::Sqlite(url), None, pool).await? {
             crate::db::Database::Sqlite(store) => {
                 let r = on_database::<Sqlite>(&env, spec, store.clone(), settled).await;
                 store.pool().close().await;

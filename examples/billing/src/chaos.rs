@@ -10,9 +10,11 @@ use warren::DeadLetterQueue;
 use warren::store::OutboxStore;
 use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
 
+use crate::config::Config;
 use crate::credit::{self, CreditSpec};
-use crate::db::BillingDb;
+use crate::db::{self, BillingDb};
 use crate::handlers::CONSUMER;
+use crate::scratch;
 use crate::service::{self, Names, Settings};
 use crate::stream::{self, Plan, StreamSpec};
 
@@ -473,4 +475,51 @@ fn credit_final(plan: &credit::CreditPlan, state: &credit::CreditState) -> bool 
     plan.last
         .iter()
         .all(|(c, (v, _))| state.limits.get(c).is_some_and(|(_, stored)| stored == v))
+}
+
+/// `billing chaos`: the campaign against a fresh database and prefix, and
+/// everything removed afterwards unless `keep`.
+pub async fn command(
+    cli: &Config,
+    spec: &ChaosSpec,
+    keep: bool,
+    pool: u32,
+) -> Result<bool, String> {
+    let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
+    let names = Names::new(
+        &cli.prefix
+            .clone()
+            .unwrap_or_else(|| format!("billing-chaos-{tag}")),
+    );
+    let mut tiers = warren::RetryPolicy::new(
+        TIERS
+            .split(',')
+            .map(|t| warren::retry::parse_delay(t).expect("valid tiers")),
+    );
+    // The retry policy must match the processes' (the topology is derived from it).
+    tiers = tiers.with_poison_limit(warren::retry::DEFAULT_POISON_LIMIT);
+    let settings = Settings {
+        retry: tiers.clone(),
+        ..cli.settings(tiers)
+    };
+    let fresh = scratch::fresh_database(cli, &format!("chaos_{tag}"), pool).await?;
+    let url = fresh.url.clone();
+    let passed = db::with_store!(fresh.db, |store: B| {
+        let passed = run::<B>(store.clone(), url, &cli.amqp_url, &names, &settings, spec).await;
+        if !keep {
+            B::pool(&store).close().await;
+        }
+        passed
+    });
+    if keep {
+        println!(
+            "kept: prefix {:?}, database {}",
+            names.prefix,
+            warren::admin::redact_url(&fresh.url)
+        );
+    } else {
+        scratch::teardown(cli, &names, &settings, fresh.schema.as_deref()).await;
+        let _ = std::fs::remove_dir_all(&fresh.temp);
+    }
+    passed
 }

@@ -10,6 +10,8 @@ use serde::Deserialize;
 use warren::admin::DatabaseUrl;
 use warren::{RetryPolicy, TlsOptions};
 
+use crate::service;
+
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
 
@@ -212,24 +214,24 @@ impl Config {
                 warren::admin::check_window(window, &policy, warren::admin::DEFAULT_REPLAY_MARGIN),
             )?;
         }
-        let consumer_timeout = key(
-            "consumer_timeout",
-            warren::retry::parse_delay(raw.consumer_timeout.as_deref().unwrap_or("30m")),
-        )?;
+        let consumer_timeout = match raw.consumer_timeout.as_deref() {
+            Some(text) => key("consumer_timeout", warren::retry::parse_delay(text))?,
+            None => service::DEFAULT_CONSUMER_TIMEOUT,
+        };
         if consumer_timeout.is_zero() {
             return Err("consumer_timeout: must be above zero".into());
         }
-        let partitions = raw.partitions.unwrap_or(4);
+        let partitions = raw.partitions.unwrap_or(service::DEFAULT_PARTITIONS);
         if !(1..=warren::partition::MAX_PARTITIONS).contains(&partitions) {
             return Err(format!(
                 "partitions: must be 1 to {}, got {partitions}",
                 warren::partition::MAX_PARTITIONS
             ));
         }
-        let partition_lease = key(
-            "partition_lease",
-            warren::retry::parse_delay(raw.partition_lease.as_deref().unwrap_or("15s")),
-        )?;
+        let partition_lease = match raw.partition_lease.as_deref() {
+            Some(text) => key("partition_lease", warren::retry::parse_delay(text))?,
+            None => service::DEFAULT_PARTITION_LEASE,
+        };
         if partition_lease < Duration::from_secs(1) {
             return Err(format!(
                 "partition_lease: must be at least 1s, got {}",
@@ -283,6 +285,40 @@ fn resolve_tls(files: [&Option<String>; 3], amqp_url: &str) -> Result<TlsOptions
         ));
     }
     Ok(tls)
+}
+
+impl Config {
+    /// The consumer settings these options give, with `default_tiers` unless
+    /// retry tiers were configured.
+    pub fn settings(&self, default_tiers: RetryPolicy) -> service::Settings {
+        let retry = match &self.retry_tiers {
+            Some(tiers) => RetryPolicy::new(tiers.iter().copied()),
+            None => default_tiers,
+        };
+        service::Settings {
+            prefetch: self.prefetch,
+            concurrency: self.concurrency,
+            batch_size: self.batch_size,
+            retry,
+            queue_type: warren::QueueType::Quorum,
+            consumer_timeout: self.consumer_timeout,
+            tls: self.tls.clone(),
+            partitions: self.partitions,
+            partition_lease: self.partition_lease,
+        }
+    }
+
+    /// The configured database, or `billing.db` in the working directory.
+    pub fn database_url_or_default(&self) -> DatabaseUrl {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| DatabaseUrl::Sqlite("sqlite://billing.db".into()))
+    }
+
+    /// The names of billing's queues and exchanges under the configured prefix.
+    pub fn names(&self) -> service::Names {
+        service::Names::new(self.prefix.as_deref().unwrap_or("billing"))
+    }
 }
 
 #[cfg(test)]

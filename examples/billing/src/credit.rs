@@ -328,11 +328,10 @@ impl CreditPlan {
 /// and partitioned consumer configuration, an SQLite database in memory.
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use warren::sqlx::Sqlite;
     use warren::testing::{Settled, TestConsumer, sqlite_in_memory};
-    use warren::{DeadLetterReason, QueueType, RetryPolicy, SqliteStore, TlsOptions};
+    use warren::{DeadLetterReason, SqliteStore};
 
     use super::*;
     use crate::service::{Names, Settings, credit_config};
@@ -341,17 +340,7 @@ mod tests {
         let store = sqlite_in_memory().await.unwrap();
         Sqlite::create_tables(&store).await.unwrap();
         let names = Names::new("billing");
-        let settings = Settings {
-            prefetch: 32,
-            concurrency: 8,
-            batch_size: 32,
-            retry: RetryPolicy::default(),
-            queue_type: QueueType::default(),
-            consumer_timeout: Duration::from_secs(30 * 60),
-            tls: TlsOptions::default(),
-            partitions: 4,
-            partition_lease: Duration::from_secs(15),
-        };
+        let settings = Settings::default();
         TestConsumer::new(
             credit_config(&names, &settings).unwrap(),
             store,

@@ -17,6 +17,42 @@ use crate::credit::{CreditLimit, CreditState};
 
 pub mod mysql;
 
+/// Runs `$body` with `$B` bound to the database type of `$db` and `$store` to its store.
+macro_rules! with_store {
+    ($db:expr, |$store:ident: $B:ident| $body:expr) => {
+        match $db {
+            $crate::db::Database::Postgres($store) => {
+                type $B = sqlx::Postgres;
+                $body
+            }
+            $crate::db::Database::Sqlite($store) => {
+                type $B = sqlx::Sqlite;
+                $body
+            }
+            $crate::db::Database::MySql($store) => {
+                type $B = sqlx::MySql;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_store;
+
+/// Opens the database at `url`; the error names it, password hidden.
+pub async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Database, String> {
+    Database::open(url, schema, pool)
+        .await
+        .map_err(|e| format!("cannot open the database {}: {e}", url.redacted()))
+}
+
+/// The database pool: one connection per concurrent transaction, and a few for
+/// the relay, the leases and the probes.
+pub fn pool_size(concurrency: usize) -> u32 {
+    u32::try_from(concurrency)
+        .unwrap_or(u32::MAX)
+        .saturating_add(4)
+}
+
 /// A payment to record, validated.
 #[derive(Debug, Clone)]
 pub struct Payment {

@@ -9,8 +9,10 @@ use tokio::sync::watch;
 use warren::store::OutboxStore;
 use warren::{QueueType, RelayConfig, RetryPolicy};
 
+use crate::config::Config;
 use crate::credit::{self, CreditSpec};
-use crate::db::BillingDb;
+use crate::db::{self, BillingDb};
+use crate::scratch;
 use crate::service::{self, Names, Settings};
 use crate::status::{self, Report};
 use crate::stream::{self, Expected, StreamSpec};
@@ -23,17 +25,13 @@ pub fn demo_settings(prefetch: u16, concurrency: usize) -> Settings {
     Settings {
         prefetch,
         concurrency,
-        batch_size: warren::config::DEFAULT_BATCH_SIZE,
         retry: RetryPolicy::new([
             Duration::from_millis(200),
             Duration::from_millis(500),
             Duration::from_secs(1),
         ]),
         queue_type: QueueType::Quorum,
-        consumer_timeout: Duration::from_secs(30 * 60),
-        tls: warren::TlsOptions::default(),
-        partitions: 4,
-        partition_lease: Duration::from_secs(15),
+        ..Settings::default()
     }
 }
 
@@ -293,4 +291,42 @@ fn checks(
             format!("nothing left in the queue ({} ready)", r.queued),
         ),
     ]
+}
+
+/// `billing demo`: the stream against a fresh database and prefix, its checks,
+/// and everything removed afterwards unless `keep`.
+pub async fn command(cli: &Config, count: usize, keep: bool, pool: u32) -> Result<bool, String> {
+    let settings = cli.settings(demo_settings(cli.prefetch, cli.concurrency).retry);
+    let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
+    let names = Names::new(
+        &cli.prefix
+            .clone()
+            .unwrap_or_else(|| format!("billing-demo-{tag}")),
+    );
+    let spec = StreamSpec {
+        count,
+        duplicates: 0.1,
+        v2: 0.3,
+        poison: 5,
+        flaky: 3.min(count),
+        seed: fastrand::u64(..),
+    };
+    spec.validate()?;
+
+    let fresh = scratch::fresh_database(cli, tag, pool).await?;
+    let (db, schema, temp) = (fresh.db, fresh.schema, fresh.temp);
+    let passed = db::with_store!(db, |store: B| {
+        let passed = run::<B>(store.clone(), &cli.amqp_url, &names, &settings, &spec).await;
+        if !keep {
+            B::pool(&store).close().await;
+        }
+        passed
+    });
+    if keep {
+        println!("kept: prefix {:?}, database as above", names.prefix);
+    } else {
+        scratch::teardown(cli, &names, &settings, schema.as_deref()).await;
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    passed
 }

@@ -14,6 +14,7 @@ mod db;
 mod demo;
 mod handlers;
 mod http;
+mod scratch;
 mod service;
 mod status;
 mod stream;
@@ -23,13 +24,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use sqlx::{Postgres, Sqlite};
+use warren::RetryPolicy;
 use warren::admin::DatabaseUrl;
-use warren::{QueueType, RetryPolicy};
 
 use crate::config::{Config, LogFormat};
-use crate::db::{BillingDb, Database};
-use crate::service::{Names, Settings};
 use crate::stream::StreamSpec;
 
 use std::time::Duration;
@@ -256,36 +254,6 @@ impl Cli {
     }
 }
 
-impl Config {
-    fn settings(&self, default_tiers: RetryPolicy) -> Settings {
-        let retry = match &self.retry_tiers {
-            Some(tiers) => RetryPolicy::new(tiers.iter().copied()),
-            None => default_tiers,
-        };
-        Settings {
-            prefetch: self.prefetch,
-            concurrency: self.concurrency,
-            batch_size: self.batch_size,
-            retry,
-            queue_type: QueueType::Quorum,
-            consumer_timeout: self.consumer_timeout,
-            tls: self.tls.clone(),
-            partitions: self.partitions,
-            partition_lease: self.partition_lease,
-        }
-    }
-
-    fn database_url_or_default(&self) -> DatabaseUrl {
-        self.database_url
-            .clone()
-            .unwrap_or_else(|| DatabaseUrl::Sqlite("sqlite://billing.db".into()))
-    }
-
-    fn names(&self) -> Names {
-        Names::new(self.prefix.as_deref().unwrap_or("billing"))
-    }
-}
-
 fn init_logging(format: Option<LogFormat>, default_level: &str) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
@@ -341,54 +309,20 @@ fn init_bench_logging() {
         .init();
 }
 
-/// Runs `$body` with `$B` bound to the database type of `$db` and `$store` to its store.
-macro_rules! with_store {
-    ($db:expr, |$store:ident: $B:ident| $body:expr) => {
-        match $db {
-            Database::Postgres($store) => {
-                type $B = Postgres;
-                $body
-            }
-            Database::Sqlite($store) => {
-                type $B = Sqlite;
-                $body
-            }
-            Database::MySql($store) => {
-                type $B = sqlx::MySql;
-                $body
-            }
-        }
-    };
-}
-
-async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Database, String> {
-    Database::open(url, schema, pool)
-        .await
-        .map_err(|e| format!("cannot open the database {}: {e}", url.redacted()))
-}
-
-/// The database pool: one connection per concurrent transaction, and a few for
-/// the relay, the leases and the probes.
-fn pool_size(concurrency: usize) -> u32 {
-    u32::try_from(concurrency)
-        .unwrap_or(u32::MAX)
-        .saturating_add(4)
-}
-
 /// When each message settled, recorded during `billing bench`'s latency runs.
 static SETTLED: std::sync::LazyLock<bench::Settled> = std::sync::LazyLock::new(Default::default);
 
 async fn run(command: Command, cfg: Config) -> Result<bool, String> {
     let cli = &cfg;
-    let pool = pool_size(cli.concurrency);
+    let pool = db::pool_size(cli.concurrency);
     match &command {
         Command::Run => {
             // Installed before anything else, so a SIGTERM during start-up drains.
             let signal = warren::shutdown_signal();
             let settings = cli.settings(RetryPolicy::default());
             let names = cli.names();
-            let db = open(&cli.database_url_or_default(), None, pool).await?;
-            with_store!(db, |store: B| {
+            let db = db::open(&cli.database_url_or_default(), None, pool).await?;
+            db::with_store!(db, |store: B| {
                 service::run::<B>(
                     store,
                     &cli.amqp_url,
@@ -464,19 +398,19 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                     return Err(format!("no database at {path} (--database-url)"));
                 }
             }
-            let db = open(&url, None, 2).await?;
+            let db = db::open(&url, None, 2).await?;
             let connection = Arc::new(
                 warren::broker::connect_with_tls(&cli.amqp_url, "billing status", &cli.tls)
                     .await
                     .map_err(|e| e.to_string())?,
             );
-            let report = with_store!(db, |store: B| {
+            let report = db::with_store!(db, |store: B| {
                 status::gather::<B>(&store, &connection, &names).await?
             });
             status::print(&report);
             Ok(true)
         }
-        Command::Demo { count, keep } => demo_command(cli, *count, *keep, pool).await,
+        Command::Demo { count, keep } => demo::command(cli, *count, *keep, pool).await,
         Command::Bench {
             messages,
             postgres_url,
@@ -566,210 +500,8 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 drain_deadline: Duration::from_secs(300),
                 publish_rate: *publish_rate,
             };
-            chaos_command(cli, &spec, *keep, pool).await
+            chaos::command(cli, &spec, *keep, pool).await
         }
-    }
-}
-
-async fn demo_command(cli: &Config, count: usize, keep: bool, pool: u32) -> Result<bool, String> {
-    let settings = cli.settings(demo::demo_settings(cli.prefetch, cli.concurrency).retry);
-    let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
-    let names = Names::new(
-        &cli.prefix
-            .clone()
-            .unwrap_or_else(|| format!("billing-demo-{tag}")),
-    );
-    let spec = StreamSpec {
-        count,
-        duplicates: 0.1,
-        v2: 0.3,
-        poison: 5,
-        flaky: 3.min(count),
-        seed: fastrand::u64(..),
-    };
-    spec.validate()?;
-
-    let fresh = fresh_database(cli, tag, pool).await?;
-    let (db, schema, temp) = (fresh.db, fresh.schema, fresh.temp);
-    let passed = with_store!(db, |store: B| {
-        let passed = demo::run::<B>(store.clone(), &cli.amqp_url, &names, &settings, &spec).await;
-        if !keep {
-            B::pool(&store).close().await;
-        }
-        passed
-    });
-    if keep {
-        println!("kept: prefix {:?}, database as above", names.prefix);
-    } else {
-        teardown(cli, &names, &settings, schema.as_deref()).await;
-        let _ = std::fs::remove_dir_all(&temp);
-    }
-    passed
-}
-
-/// A database with nothing in it: a temporary SQLite file, a schema of its own
-/// on PostgreSQL, or a database of its own on MySQL.
-struct Fresh {
-    db: Database,
-    /// A URL other processes can open the same database with.
-    url: String,
-    schema: Option<String>,
-    temp: std::path::PathBuf,
-}
-
-async fn fresh_database(cli: &Config, tag: &str, pool: u32) -> Result<Fresh, String> {
-    let temp = tempdir()?;
-    match &cli.database_url {
-        None => {
-            let path = temp.join("billing.db");
-            let url = format!("sqlite://{}", path.display());
-            println!("database: SQLite {}", path.display());
-            let db = open(&DatabaseUrl::Sqlite(url.clone()), None, pool).await?;
-            Ok(Fresh {
-                db,
-                url,
-                schema: None,
-                temp,
-            })
-        }
-        Some(url @ DatabaseUrl::Postgres(u)) => {
-            let schema = format!("billing_{tag}");
-            create_schema(url, &schema).await?;
-            println!("database: PostgreSQL {} (schema {schema})", url.redacted());
-            let db = open(url, Some(&schema), pool).await?;
-            let sep = if u.contains('?') { '&' } else { '?' };
-            let child = format!("{u}{sep}options=-c%20search_path%3D{schema}");
-            Ok(Fresh {
-                db,
-                url: child,
-                schema: Some(schema),
-                temp,
-            })
-        }
-        Some(url @ DatabaseUrl::MySql(u)) => {
-            let name = format!("billing_{tag}");
-            let child = db::mysql::with_database(u, &name);
-            let options = warren::MySqlStore::options(&child).map_err(|e| e.to_string())?;
-            db::mysql::create_database(&options, &name)
-                .await
-                .map_err(|e| format!("cannot create database {name}: {e}"))?;
-            println!("database: MySQL {} (database {name})", url.redacted());
-            let db = open(&DatabaseUrl::MySql(child.clone()), None, pool).await?;
-            Ok(Fresh {
-                db,
-                url: child,
-                schema: Some(name),
-                temp,
-            })
-        }
-        Some(url) => {
-            println!("database: {}", url.redacted());
-            let db = open(url, None, pool).await?;
-            Ok(Fresh {
-                db,
-                url: url.as_str().to_owned(),
-                schema: None,
-                temp,
-            })
-        }
-    }
-}
-
-async fn chaos_command(
-    cli: &Config,
-    spec: &chaos::ChaosSpec,
-    keep: bool,
-    pool: u32,
-) -> Result<bool, String> {
-    let tag = &uuid::Uuid::now_v7().simple().to_string()[26..];
-    let names = Names::new(
-        &cli.prefix
-            .clone()
-            .unwrap_or_else(|| format!("billing-chaos-{tag}")),
-    );
-    let mut tiers = RetryPolicy::new(
-        chaos::TIERS
-            .split(',')
-            .map(|t| warren::retry::parse_delay(t).expect("valid tiers")),
-    );
-    // The retry policy must match the processes' (the topology is derived from it).
-    tiers = tiers.with_poison_limit(warren::retry::DEFAULT_POISON_LIMIT);
-    let settings = Settings {
-        retry: tiers.clone(),
-        ..cli.settings(tiers)
-    };
-    let fresh = fresh_database(cli, &format!("chaos_{tag}"), pool).await?;
-    let url = fresh.url.clone();
-    let passed = with_store!(fresh.db, |store: B| {
-        let passed =
-            chaos::run::<B>(store.clone(), url, &cli.amqp_url, &names, &settings, spec).await;
-        if !keep {
-            B::pool(&store).close().await;
-        }
-        passed
-    });
-    if keep {
-        println!(
-            "kept: prefix {:?}, database {}",
-            names.prefix,
-            warren::admin::redact_url(&fresh.url)
-        );
-    } else {
-        teardown(cli, &names, &settings, fresh.schema.as_deref()).await;
-        let _ = std::fs::remove_dir_all(&fresh.temp);
-    }
-    passed
-}
-
-fn tempdir() -> Result<std::path::PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!("billing-demo-{}", uuid::Uuid::now_v7().simple()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    Ok(dir)
-}
-
-async fn create_schema(url: &DatabaseUrl, schema: &str) -> Result<(), String> {
-    let options = warren::PgStore::options(url.as_str()).map_err(|e| e.to_string())?;
-    let pool = sqlx::PgPool::connect_with(options)
-        .await
-        .map_err(|e| format!("cannot open {}: {e}", url.redacted()))?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&pool)
-        .await
-        .map_err(|e| format!("cannot create schema {schema}: {e}"))?;
-    pool.close().await;
-    Ok(())
-}
-
-/// Removes what the demo created: its queues and exchange, and its schema.
-async fn drop_schema(url: &DatabaseUrl, schema: &str) {
-    if let Ok(options) = warren::PgStore::options(url.as_str())
-        && let Ok(pool) = sqlx::PgPool::connect_with(options).await
-    {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&pool)
-            .await;
-        pool.close().await;
-    }
-}
-
-async fn teardown(cli: &Config, names: &Names, settings: &Settings, schema: Option<&str>) {
-    if let Ok(connection) =
-        warren::broker::connect_with_tls(&cli.amqp_url, "billing demo teardown", &cli.tls).await
-    {
-        if let Ok(topology) = service::topology(names, settings) {
-            let _ = warren::broker::delete(&connection, &topology).await;
-        }
-        if let Ok(topology) = service::credit_topology(names, settings) {
-            let _ = warren::broker::delete(&connection, &topology).await;
-        }
-        let _ = connection.close(200, "done".into()).await;
-    }
-    if let (Some(name), Some(DatabaseUrl::MySql(url))) = (schema, &cli.database_url) {
-        let _ = db::mysql::drop_database(url, name).await;
-        return;
-    }
-    if let (Some(schema), Some(url)) = (schema, &cli.database_url) {
-        drop_schema(url, schema).await;
     }
 }
 

@@ -53,6 +53,14 @@ impl Names {
     }
 }
 
+/// Partitions of the credit stream unless configured.
+pub const DEFAULT_PARTITIONS: u32 = 4;
+/// How long a partition lease lasts unrenewed, unless configured.
+pub const DEFAULT_PARTITION_LEASE: Duration = Duration::from_secs(15);
+/// The broker's consumer timeout billing expects unless configured
+/// (RabbitMQ's own default).
+pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 /// Settings of the consumer part.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -69,6 +77,24 @@ pub struct Settings {
     pub partitions: u32,
     /// How long a partition lease lasts unrenewed.
     pub partition_lease: Duration,
+}
+
+impl Default for Settings {
+    /// warren's defaults and billing's own, with warren's default retry tiers
+    /// on classic queues (`billing run` asks for quorum queues and its tiers).
+    fn default() -> Self {
+        Settings {
+            prefetch: warren::config::DEFAULT_PREFETCH,
+            concurrency: warren::config::DEFAULT_CONCURRENCY,
+            batch_size: warren::config::DEFAULT_BATCH_SIZE,
+            retry: RetryPolicy::default(),
+            queue_type: QueueType::default(),
+            consumer_timeout: DEFAULT_CONSUMER_TIMEOUT,
+            tls: TlsOptions::default(),
+            partitions: DEFAULT_PARTITIONS,
+            partition_lease: DEFAULT_PARTITION_LEASE,
+        }
+    }
 }
 
 /// billing's consumer configuration for `names`.

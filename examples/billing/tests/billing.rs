@@ -124,15 +124,10 @@ async fn status_on_a_database_billing_never_used_says_so() {
     let path = dir.path().join("empty.db");
     std::fs::File::create(&path).unwrap();
     let sqlite = format!("sqlite://{}", path.display());
-    let name = unique("billing_empty").replace('-', "_");
+    let schema = PgSchema::create("billing_empty").await;
+    let name = schema.name.clone();
     let mysql = format!("{}{name}", mysql_server());
-    let pg_admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-        .execute(&pg_admin)
-        .await
-        .unwrap();
-    let pg = format!("{}?options=-c%20search_path%3D{name}", pg_url());
-    for url in [sqlite.as_str(), pg.as_str(), mysql.as_str()] {
+    for url in [sqlite.as_str(), schema.url.as_str(), mysql.as_str()] {
         let prefix = unique("billing-test");
         let (ok, _, err) =
             output(billing().args(["--database-url", url, "--prefix", prefix.as_str(), "status"]))
@@ -152,10 +147,7 @@ async fn status_on_a_database_billing_never_used_says_so() {
     .execute(&admin)
     .await
     .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {name} CASCADE")))
-        .execute(&pg_admin)
-        .await
-        .unwrap();
+    schema.remove().await;
 }
 
 #[tokio::test]
@@ -317,18 +309,9 @@ async fn run_on_sqlite_processes_a_realistic_batch_and_exits_cleanly() {
 
 #[tokio::test]
 async fn run_on_postgres_processes_a_realistic_batch_and_exits_cleanly() {
-    let schema = unique("billing_test").replace('-', "_");
-    let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let url = format!("{}?options=-c%20search_path%3D{schema}", pg_url());
-    run_processes_a_realistic_batch(&url).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let schema = PgSchema::create("billing_test").await;
+    run_processes_a_realistic_batch(&schema.url).await;
+    schema.remove().await;
 }
 
 /// `billing run` on a MySQL database that does not exist yet: billing creates
@@ -542,35 +525,6 @@ impl Paid {
     }
 }
 
-/// Turns the hash exchange plugin off for the test, and on again when dropped
-/// (also when an assertion fails).
-struct PluginOff;
-
-impl PluginOff {
-    fn new() -> Self {
-        plugins("disable");
-        PluginOff
-    }
-}
-
-impl Drop for PluginOff {
-    fn drop(&mut self) {
-        plugins("enable");
-    }
-}
-
-fn plugins(verb: &str) {
-    let out = std::process::Command::new("rabbitmq-plugins")
-        .args([verb, "rabbitmq_consistent_hash_exchange"])
-        .output()
-        .expect("rabbitmq-plugins runs");
-    assert!(
-        out.status.success(),
-        "rabbitmq-plugins {verb}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// On a broker without the consistent-hash plugin, `billing run` exits with an
 /// error naming the command that enables it, instead of serving invoices with
 /// the credit stream down or reconnecting forever.
@@ -583,7 +537,7 @@ async fn run_without_the_hash_exchange_plugin_stops_with_the_command_that_enable
     let port = free_port();
     let started = std::time::Instant::now();
     let (ok, _, err) = {
-        let _off = PluginOff::new();
+        let _off = warren_chaos::HashExchangePluginOff::new().unwrap();
         output(billing().args([
             "--prefix",
             prefix.as_str(),
@@ -788,18 +742,9 @@ async fn numbers_and_identifiers_on_sqlite_are_exact_or_refused() {
 
 #[tokio::test]
 async fn numbers_and_identifiers_on_postgres_are_exact_or_refused() {
-    let schema = unique("billing_test").replace('-', "_");
-    let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let url = format!("{}?options=-c%20search_path%3D{schema}", pg_url());
-    numbers_and_identifiers_are_exact_or_refused(&TestDb::Postgres(url)).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let schema = PgSchema::create("billing_test").await;
+    numbers_and_identifiers_are_exact_or_refused(&TestDb::Postgres(schema.url.clone())).await;
+    schema.remove().await;
 }
 
 /// Issue 10: on a `basic.return` the AMQP client logs the returned message, body

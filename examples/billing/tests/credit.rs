@@ -249,16 +249,7 @@ async fn credit_stream_on_sqlite_survives_kill_9_of_either_process() {
 
 #[tokio::test]
 async fn credit_stream_on_postgres_survives_kill_9_of_either_process() {
-    let schema = unique("billing_credit").replace('-', "_");
-    let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let url = format!("{}?options=-c%20search_path%3D{schema}", pg_url());
-    two_processes_share_the_credit_partitions_through_kill_9(&url).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let schema = PgSchema::create("billing_credit").await;
+    two_processes_share_the_credit_partitions_through_kill_9(&schema.url).await;
+    schema.remove().await;
 }

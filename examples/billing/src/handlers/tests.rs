@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use warren::sqlx::Sqlite;
 use warren::testing::{OutboxMessage, Settled, TestConsumer, sqlite_in_memory};
-use warren::{DeadLetterReason, Outgoing, QueueType, RetryPolicy, SqliteStore, TlsOptions};
+use warren::{DeadLetterReason, Outgoing, SqliteStore};
 
 use super::*;
 use crate::db::{BillingDb, Counts};
@@ -15,17 +15,7 @@ async fn kit() -> TestConsumer<SqliteStore> {
     let store = sqlite_in_memory().await.unwrap();
     Sqlite::create_tables(&store).await.unwrap();
     let names = Names::new("billing");
-    let settings = Settings {
-        prefetch: 32,
-        concurrency: 8,
-        batch_size: 32,
-        retry: RetryPolicy::default(),
-        queue_type: QueueType::default(),
-        consumer_timeout: Duration::from_secs(30 * 60),
-        tls: TlsOptions::default(),
-        partitions: 4,
-        partition_lease: Duration::from_secs(15),
-    };
+    let settings = Settings::default();
     TestConsumer::new(
         consumer_config(&names, &settings).unwrap(),
         store,

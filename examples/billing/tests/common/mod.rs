@@ -16,6 +16,40 @@ pub(crate) fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
+/// A PostgreSQL schema of one test's own, and a database URL whose
+/// `search_path` points at it.
+pub(crate) struct PgSchema {
+    admin: sqlx::PgPool,
+    pub(crate) name: String,
+    pub(crate) url: String,
+}
+
+impl PgSchema {
+    /// Creates a schema named after `prefix` and a unique suffix.
+    pub(crate) async fn create(prefix: &str) -> Self {
+        let name = unique(prefix).replace('-', "_");
+        let admin = sqlx::PgPool::connect(&pg_url()).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let url = format!("{}?options=-c%20search_path%3D{name}", pg_url());
+        PgSchema { admin, name, url }
+    }
+
+    /// Drops the schema and everything in it.
+    pub(crate) async fn remove(self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.name
+        )))
+        .execute(&self.admin)
+        .await
+        .unwrap();
+        self.admin.close().await;
+    }
+}
+
 pub(crate) fn billing() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_billing"));
     cmd.env("AMQP_URL", AMQP_URL)
