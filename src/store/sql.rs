@@ -50,7 +50,7 @@ impl<D: Database> SqlStore<D> {
     /// Waits for this process's turn to write, where writers take turns. As
     /// long as SQLite's own busy timeout at most: past it, the database counts
     /// as unreachable, as a lock SQLite itself could not get would.
-    async fn write_turn(&self) -> Result<WriteTurn, StoreError> {
+    pub(super) async fn write_turn(&self) -> Result<WriteTurn, StoreError> {
         let Some(writer) = &self.writer else {
             return Ok(None);
         };

@@ -316,6 +316,40 @@ impl SqlDialect for Sqlite {
 mod tests {
     use super::*;
 
+    /// A writer still waiting for its turn when SQLite's busy timeout has
+    /// passed gives up as a lock SQLite could not get would: as a database
+    /// that cannot be reached, which the consumer answers by pausing and
+    /// handing the message back, never by waiting on.
+    #[tokio::test]
+    async fn a_writer_waiting_past_the_busy_timeout_for_its_turn_fails_as_unreachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("turns.db").display());
+        let store = SqliteStore::connect(&url).await.unwrap();
+        let held = std::sync::Arc::clone(store.writer.as_ref().unwrap())
+            .lock_owned()
+            .await;
+        // Time stands still from here and jumps to the next timer whenever
+        // every task waits, so the 30 s pass at once.
+        tokio::time::pause();
+        let asked = tokio::time::Instant::now();
+        let error = tokio::time::timeout(2 * DEFAULT_BUSY_TIMEOUT, store.write_turn())
+            .await
+            .expect("gives up by itself")
+            .unwrap_err();
+        assert!(
+            asked.elapsed() >= DEFAULT_BUSY_TIMEOUT,
+            "{:?}",
+            asked.elapsed()
+        );
+        assert!(error.is_connection_error(), "{error:?}");
+        drop(held);
+        tokio::time::resume();
+        assert!(
+            store.write_turn().await.unwrap().is_some(),
+            "the turn is free again"
+        );
+    }
+
     #[test]
     fn taking_a_batch_binds_what_take_batch_binds() {
         assert_eq!(super::super::dialect::arity_in_order(TAKE_BATCH), 3);
