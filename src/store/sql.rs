@@ -1,20 +1,17 @@
-//! One implementation of [`Store`] and [`OutboxStore`] for every SQL dialect,
-//! written against the statements and hooks of
-//! [`SqlDialect`](super::dialect::SqlDialect).
+//! One implementation of [`Store`] and [`OutboxStore`](super::OutboxStore) for
+//! every SQL dialect, written against the statements and hooks of
+//! [`SqlDialect`](super::dialect::SqlDialect); the outbox half is in
+//! `sql/outbox.rs`.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::{
-    Dialect, InboxEntry, OutboxCounts, OutboxListener, OutboxStore, Store, StoreError, Wakeups,
-};
-use crate::outbox_row::{FailedRow, OutboxRow, RowOutcome};
+use super::{Dialect, InboxEntry, Store, StoreError, Wakeups};
 
-/// A [`Store`] and [`OutboxStore`] on a SQL database: [`PgStore`](super::PgStore)
+/// A [`Store`] and [`OutboxStore`](super::OutboxStore) on a SQL database: [`PgStore`](super::PgStore)
 /// and [`SqliteStore`](super::SqliteStore) are this type for their dialect.
 pub struct SqlStore<D: Database> {
     pub(super) pool: Pool<D>,
@@ -167,34 +164,6 @@ where
     Ok(())
 }
 
-/// The one shared insert behind each dialect's
-/// [`SqlDialect::insert_outbox`](super::dialect::SqlDialect::insert_outbox).
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub(super) async fn insert_outbox<D>(
-    conn: &mut D::Connection,
-    row: &crate::outbox_row::NewOutboxRow<'_>,
-) -> Result<(), StoreError>
-where
-    D: super::dialect::SqlDialect,
-    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
-    D::Arguments: IntoArguments<D>,
-    for<'s> &'s str: Encode<'s, D> + Type<D>,
-    for<'s> &'s [u8]: Encode<'s, D> + Type<D>,
-{
-    sqlx::query(D::SQL.insert_outbox)
-        .bind(row.message_id)
-        .bind(row.exchange)
-        .bind(row.routing_key)
-        .bind(row.properties.as_str())
-        .bind(row.body.as_slice())
-        .execute(&mut *conn)
-        .await?;
-    if let Some(notify) = D::SQL.notify_outbox {
-        sqlx::query(notify).execute(&mut *conn).await?;
-    }
-    Ok(())
-}
-
 /// Writes `impl $trait for SqlStore<D>` under the bounds every dialect meets for
 /// the shared code: its connection runs queries, and it binds and reads the Rust
 /// types warren's tables use. A macro, because the bounds cannot live on
@@ -219,6 +188,11 @@ macro_rules! shared_impl {
         }
     };
 }
+
+// After the macro: the outbox half uses it too.
+mod outbox;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(super) use outbox::insert_outbox;
 
 shared_impl! {
     impl Store {
@@ -506,139 +480,6 @@ shared_impl! {
                 }
             };
             Ok(())
-        }
-    }
-}
-
-shared_impl! {
-    impl OutboxStore {
-        async fn listen(&self) -> Result<Option<OutboxListener>, StoreError> {
-            D::listen(&self.pool).await
-        }
-
-        async fn relay_batch<'a, F, Fut>(
-            &'a self,
-            limit: usize,
-            publish: F,
-        ) -> Result<usize, StoreError>
-        where
-            F: FnOnce(Vec<OutboxRow>) -> Fut + Send + 'a,
-            Fut: Future<Output = Vec<(i64, RowOutcome)>> + Send + 'a,
-        {
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            // Where writers take turns, the batch is taken in a short write
-            // of its own (the dialect holds no transaction while it is
-            // published), and its outcomes are marked in another.
-            let mut turn = self.write_turn().await?;
-            let (held, mut raw) = D::take_batch(&self.pool, limit).await?;
-            if held.is_none() {
-                drop(turn.take());
-            }
-            if raw.is_empty() {
-                if let Some(tx) = held {
-                    tx.rollback().await?;
-                }
-                return Ok(0);
-            }
-            // Not every dialect's statement returns the rows in order; the batch
-            // goes out in id order.
-            raw.sort_by_key(|r| r.0);
-            let taken = raw.len();
-            let (rows, unreadable) = crate::outbox_row::from_raw(raw);
-            let mut outcomes = publish(rows).await;
-            outcomes.extend(unreadable);
-            let mut tx = match held {
-                Some(tx) => tx,
-                None => {
-                    turn = self.write_turn().await?;
-                    self.pool.begin_with(D::SQL.begin).await?
-                }
-            };
-            // The published rows, the common case, in one statement; failed
-            // and retried ones each carry their own error.
-            let mut published = Vec::with_capacity(outcomes.len());
-            for (id, outcome) in outcomes {
-                let q = match &outcome {
-                    RowOutcome::Published => {
-                        published.push(id);
-                        continue;
-                    }
-                    RowOutcome::Failed(e) => {
-                        sqlx::query(D::SQL.mark_failed).bind(e.as_str()).bind(id)
-                    }
-                    RowOutcome::Retry(e) => sqlx::query(D::SQL.mark_retry).bind(e.as_str()).bind(id),
-                };
-                q.execute(&mut *tx).await?;
-            }
-            if !published.is_empty() {
-                let ids = serde_json::to_string(&published).expect("integers serialize");
-                sqlx::query(D::SQL.mark_published)
-                    .bind(ids)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            drop(turn);
-            Ok(taken)
-        }
-
-        async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
-            let (pending, oldest, published, failed): (i64, Option<D::Time>, i64, i64) =
-                sqlx::query_as(D::SQL.outbox_counts)
-                    .fetch_one(&self.pool)
-                    .await?;
-            Ok(OutboxCounts {
-                pending,
-                oldest_pending: oldest.and_then(D::parse_time),
-                published,
-                failed,
-            })
-        }
-
-        async fn failed_outbox_rows(&self, limit: u32) -> Result<Vec<FailedRow>, StoreError> {
-            let failed: Vec<crate::outbox_row::RawFailedRow> =
-                sqlx::query_as(D::SQL.failed_outbox_rows)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.pool)
-                    .await?;
-            Ok(crate::outbox_row::failed_from_raw(failed))
-        }
-
-        async fn retry_failed<'a>(&'a self, ids: &'a [i64]) -> Result<u64, StoreError> {
-            // One statement per id, in one transaction: every dialect can do that,
-            // and an operator retries a handful of rows, not thousands.
-            let _turn = self.write_turn().await?;
-            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            let mut n = 0;
-            if ids.is_empty() {
-                let done = sqlx::query(D::SQL.retry_all_failed)
-                    .execute(&mut *tx)
-                    .await?;
-                n = D::rows_affected(&done);
-            }
-            for id in ids {
-                let done = sqlx::query(D::SQL.retry_failed_id)
-                    .bind(*id)
-                    .execute(&mut *tx)
-                    .await?;
-                n += D::rows_affected(&done);
-            }
-            tx.commit().await?;
-            Ok(n)
-        }
-
-        async fn delete_published_before(
-            &self,
-            cutoff: DateTime<Utc>,
-            batch: u32,
-        ) -> Result<u64, StoreError> {
-            let _turn = self.write_turn().await?;
-            let done = sqlx::query(D::SQL.delete_published_before)
-                .bind(D::time(cutoff))
-                .bind(i64::from(batch))
-                .execute(&self.pool)
-                .await?;
-            Ok(D::rows_affected(&done))
         }
     }
 }

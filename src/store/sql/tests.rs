@@ -1,8 +1,9 @@
 //! The shared implementation on a throwaway SQLite file: no server needed.
 
 use super::*;
+use crate::outbox_row::RowOutcome;
 use crate::outgoing::Outgoing;
-use crate::store::SqliteStore;
+use crate::store::{OutboxStore, SqliteStore};
 
 async fn store(dir: &tempfile::TempDir) -> SqliteStore {
     let path = dir.path().join("warren.db");
