@@ -297,7 +297,7 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
 
     // Remove the test's queues and exchanges.
     let connection = warren_connect().await;
-    delete_topology(&connection, &prefix).await;
+    delete_prefix(&connection, &prefix).await;
 }
 
 #[tokio::test]
@@ -560,12 +560,7 @@ async fn run_without_the_hash_exchange_plugin_stops_with_the_command_that_enable
         "says how to enable it: {err}"
     );
     let connection = warren_connect().await;
-    delete_topology(&connection, &prefix).await;
-}
-
-async fn delete_topology(connection: &warren::lapin::Connection, prefix: &str) {
-    delete_invoice_topology(connection, prefix).await;
-    delete_credit_topology(connection, prefix, 4, &["200ms", "500ms"]).await;
+    delete_prefix(&connection, &prefix).await;
 }
 
 /// Issue 10: amounts are exact decimals on both databases (a 30-digit amount and
@@ -730,7 +725,7 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
         .expect("billing run drains and exits after SIGTERM")
         .unwrap();
     assert!(exit.success(), "exit 0 on SIGTERM: {exit:?}");
-    delete_topology(&connection, &prefix).await;
+    delete_prefix(&connection, &prefix).await;
 }
 
 #[tokio::test]
@@ -828,5 +823,5 @@ async fn returned_events_put_no_payload_in_the_logs() {
         .join(", ");
     assert!(!logs.contains(&marker), "payload text in the logs:\n{logs}");
     assert!(!logs.contains(&as_bytes), "payload bytes in the logs");
-    delete_topology(&connection, &prefix).await;
+    delete_prefix(&connection, &prefix).await;
 }

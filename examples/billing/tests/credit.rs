@@ -236,8 +236,7 @@ async fn two_processes_share_the_credit_partitions_through_kill_9(url: &str) {
             .unwrap();
         assert_eq!(info.ready, 0, "{q} drained");
     }
-    delete_credit_topology(&connection, &prefix, 4, &["200ms", "500ms"]).await;
-    delete_invoice_topology(&connection, &prefix).await;
+    delete_prefix(&connection, &prefix).await;
 }
 
 #[tokio::test]

@@ -157,57 +157,36 @@ pub(crate) async fn warren_connect() -> warren::lapin::Connection {
         .unwrap()
 }
 
-/// Deletes the credit stream's broker objects of `prefix`: the hash exchange,
-/// each partition's queue, retry tiers (`tiers`, as named, e.g. "200ms") and
-/// dead-letter queue, and the stand-in for the changed events.
-pub(crate) async fn delete_credit_topology(
-    connection: &warren::lapin::Connection,
-    prefix: &str,
-    partitions: u32,
-    tiers: &[&str],
-) {
-    let mut topology = warren::Topology::default();
-    let base = format!("{prefix}.customer-credit");
-    let mut queues = vec![format!("{prefix}.customer-credit-limit-changed")];
-    for i in 0..partitions {
-        queues.push(format!("{base}.{i}"));
-        queues.push(format!("{base}.{i}.dead-letter"));
-        for t in tiers {
-            queues.push(format!("{base}.{i}.retry.{t}"));
-        }
+/// Deletes every queue and exchange whose name starts with `{prefix}.`, as the
+/// broker lists them: all that billing declared under the prefix, whatever
+/// retry tiers and partitions it ran with. Needs `rabbitmqctl` on the broker's
+/// host, as the test command does anyway.
+pub(crate) async fn delete_prefix(connection: &warren::lapin::Connection, prefix: &str) {
+    let owned = |kind: &str| {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args([kind, "-q", "--no-table-headers", "name"])
+            .output()
+            .expect("rabbitmqctl runs");
+        assert!(out.status.success(), "rabbitmqctl {kind}");
+        let start = format!("{prefix}.");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|name| name.starts_with(&start))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let channel = connection.create_channel().await.unwrap();
+    for queue in owned("list_queues") {
+        channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await
+            .unwrap();
     }
-    for q in queues {
-        topology.queues.push(warren::topology::QueueSpec::new(
-            q,
-            warren::QueueType::Quorum,
-        ));
+    for exchange in owned("list_exchanges") {
+        channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await
+            .unwrap();
     }
-    topology.exchanges.push(warren::topology::ExchangeSpec {
-        name: base,
-        kind: warren::topology::ExchangeKind::Topic,
-    });
-    warren::broker::delete(connection, &topology).await.unwrap();
-}
-
-/// Deletes the invoice stream's broker objects of `prefix` (retry tiers
-/// 200ms and 500ms) and its exchange.
-pub(crate) async fn delete_invoice_topology(connection: &warren::lapin::Connection, prefix: &str) {
-    let mut topology = warren::Topology::default();
-    for q in [
-        format!("{prefix}.invoice-paid"),
-        format!("{prefix}.invoice-paid.retry.200ms"),
-        format!("{prefix}.invoice-paid.retry.500ms"),
-        format!("{prefix}.invoice-paid.dead-letter"),
-        format!("{prefix}.invoice-payment-recorded"),
-    ] {
-        topology.queues.push(warren::topology::QueueSpec::new(
-            q,
-            warren::QueueType::Quorum,
-        ));
-    }
-    topology.exchanges.push(warren::topology::ExchangeSpec {
-        name: format!("{prefix}.events"),
-        kind: warren::topology::ExchangeKind::Topic,
-    });
-    warren::broker::delete(connection, &topology).await.unwrap();
+    let _ = channel.close(200, "deleted".into()).await;
 }
