@@ -15,13 +15,17 @@ use sqlx::Postgres;
 use warren::broker::{BatchItem, BrokerError};
 use warren::lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
 use warren::lapin::types::AMQPValue;
-use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, Store, Tx};
+use warren::version::{Verdict, VersionMode};
+use warren::{
+    Consumer, ConsumerConfig, HandlerError, Message, Outgoing, QueueType, Registry, Store, Tx,
+};
 
 use crate::util::{APPLIED_TABLE, Backend, Running, TestBroker, TestDb, amqp_url, wait_for};
 
 on_all_backends!(
     a_missing_or_ill_typed_partition_key_is_dead_lettered,
     a_ring_rebuilt_in_another_order_sends_each_delivery_to_its_partition,
+    a_forward_its_home_queue_refuses_goes_back_and_is_sent_on_later,
     a_handover_under_load_never_runs_one_key_in_two_instances,
     ordered_lanes_keep_each_key_in_order_without_a_version_gate,
 );
@@ -53,6 +57,14 @@ fn update(customer: &str, version: i64) -> Outgoing {
     Outgoing::new(UPDATE, 1, &u)
         .unwrap()
         .with_partition_key(customer)
+}
+
+/// Each customer's versions 1 to `versions`, version by version: every
+/// customer's first, then every second, and so on.
+fn versions_of(customers: &[String], versions: i64) -> Vec<Outgoing> {
+    (1..=versions)
+        .flat_map(|v| customers.iter().map(move |c| update(c, v)))
+        .collect()
 }
 
 /// Records the version as it arrives: no gate, so the rows show the order in
@@ -123,6 +135,27 @@ fn partitioned(broker: &TestBroker, count: u32) -> ConsumerConfig {
         .with_lease_ttl(Duration::from_secs(3))
         .build()
         .unwrap()
+}
+
+/// A consumer on `config` running [`jittery`], and its counters once `n`
+/// deliveries have settled.
+async fn jittery_until_settled<B: Backend>(
+    db: &TestDb<B>,
+    config: &ConsumerConfig,
+    n: u64,
+) -> (Running, warren::telemetry::ConsumerStats) {
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        Registry::<B>::new().route(UPDATE, 1, jittery::<B>),
+    ));
+    assert!(
+        running.settled(n, Duration::from_secs(120)).await,
+        "{:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    (running, stats)
 }
 
 /// Partition -> owner, as stored (empty owner: free).
@@ -446,16 +479,9 @@ async fn a_missing_or_ill_typed_partition_key_is_dead_lettered<B: Backend>() {
 
 /// What a broker restart can do to the ring (rabbitmq-server #3386), done by
 /// hand: partition 0's binding removed and added again moves it to the end of
-/// the ring, so most keys now hash to a queue that is not theirs. Every update
-/// must still apply once, each customer's in order, with no version gate: the
-/// deliveries that arrive in the wrong queue are sent on to their own.
-async fn a_ring_rebuilt_in_another_order_sends_each_delivery_to_its_partition<B: Backend>() {
-    let db = B::create().await;
-    B::exec(&db.store, APPLIED_TABLE.into()).await;
-    let broker = TestBroker::new().await;
-    let config = partitioned(&broker, 4);
-    first_run(&db, &broker, &config).await;
-
+/// the ring. Bucket b then feeds the queue of partition (b + 1) % count: no key
+/// reaches its own queue.
+async fn reorder_ring(broker: &TestBroker, config: &ConsumerConfig) {
     let hash = config.partitions().unwrap().exchange.clone();
     let queue0 = config.partition_queues()[0].clone();
     let channel = broker.connection.create_channel().await.unwrap();
@@ -479,25 +505,27 @@ async fn a_ring_rebuilt_in_another_order_sends_each_delivery_to_its_partition<B:
         .await
         .unwrap();
     let _ = channel.close(200, "ring reordered".into()).await;
+}
+
+/// What a broker restart can do to the ring (rabbitmq-server #3386), done by
+/// hand: partition 0's binding removed and added again moves it to the end of
+/// the ring, so most keys now hash to a queue that is not theirs. Every update
+/// must still apply once, each customer's in order, with no version gate: the
+/// deliveries that arrive in the wrong queue are sent on to their own.
+async fn a_ring_rebuilt_in_another_order_sends_each_delivery_to_its_partition<B: Backend>() {
+    let db = B::create().await;
+    B::exec(&db.store, APPLIED_TABLE.into()).await;
+    let broker = TestBroker::new().await;
+    let config = partitioned(&broker, 4);
+    first_run(&db, &broker, &config).await;
+    reorder_ring(&broker, &config).await;
 
     let customers: Vec<String> = (0..40).map(|i| format!("cus_{i}")).collect();
     // Bucket b now holds queue (b + 1) % 4: no key is in its own queue.
-    let stream: Vec<Outgoing> = (1..=10)
-        .flat_map(|v| customers.iter().map(move |c| update(c, v)))
-        .collect();
+    let stream = versions_of(&customers, 10);
     publish_all(&broker, &stream).await;
 
-    let running = Running::start(Consumer::new(
-        config.clone(),
-        db.store.clone(),
-        Registry::<B>::new().route(UPDATE, 1, jittery::<B>),
-    ));
-    assert!(
-        running.settled(400, Duration::from_secs(120)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
+    let (running, s) = jittery_until_settled(&db, &config, 400).await;
     assert!(
         running.is_running(),
         "a reordered ring stopped the consumer"
@@ -520,6 +548,135 @@ async fn a_ring_rebuilt_in_another_order_sends_each_delivery_to_its_partition<B:
     cleanup(db, broker, &[&config]).await;
 }
 
+/// Latest wins: a version not newer than the stored one is dropped as stale.
+async fn latest<B: Backend>(msg: Message<Update>, tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    let u = &msg.payload;
+    match tx
+        .check_version("test", &u.customer, u.version, VersionMode::LatestWins)
+        .await?
+    {
+        Verdict::Stale { .. } => Ok(()),
+        Verdict::Apply { .. } => record(msg, tx).await,
+    }
+}
+
+/// On a reordered ring, the home queue of partition 1 refuses every publish
+/// for a while (a policy: length 0, overflow `reject-publish`), so each
+/// forward to it fails. Such a delivery goes back to the tail of the queue it
+/// came from and is sent on later: none is lost or dead-lettered, and once the
+/// home takes copies again every customer ends at its highest version, with
+/// what the trip to the tail let overtake dropped as stale by the gate.
+async fn a_forward_its_home_queue_refuses_goes_back_and_is_sent_on_later<B: Backend>() {
+    let db = B::create().await;
+    B::exec(&db.store, APPLIED_TABLE.into()).await;
+    let broker = TestBroker::new().await;
+    // Classic queues: a quorum queue on RabbitMQ 3.10 keeps refusing the
+    // channels it refused once its length policy is cleared, until it next
+    // delivers a message (rabbitmq-server #12206), so the home would never
+    // take a copy again here.
+    let config = broker
+        .builder()
+        .with_queue_type(QueueType::Classic)
+        .partitioned(format!("{}.hash", broker.queue), 4)
+        .with_lease_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    first_run(&db, &broker, &config).await;
+    reorder_ring(&broker, &config).await;
+
+    // No key of partition 0: bucket 0 now feeds partition 1's queue, which is
+    // about to refuse every publish, the producer's too; the stream has to
+    // reach the consumer whole.
+    let customers: Vec<String> = (0..)
+        .map(|i| format!("cus_{i}"))
+        .filter(|c| warren::partition::partition_of(c.as_bytes(), 4) != 0)
+        .take(40)
+        .collect();
+    let stream = versions_of(&customers, 5);
+    publish_all(&broker, &stream).await;
+    let home = config.partition_queues()[1].clone();
+    let refusing = warren_chaos::QueuePolicy::set(
+        &format!("{}-refuse", broker.queue),
+        &format!("^{}$", home.replace('.', "\\.")),
+        r#"{"max-length": 0, "overflow": "reject-publish"}"#,
+    )
+    .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || queue_has_policy(&home)).await,
+        "the policy never reached {home}"
+    );
+
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        Registry::<B>::new().route(UPDATE, 1, latest::<B>),
+    ));
+    let stats = running.stats.clone();
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let s = stats.snapshot();
+            async move { s.returned >= 3 }
+        })
+        .await,
+        "no forward to the refusing queue came back: {:?}",
+        running.stats.snapshot()
+    );
+    drop(refusing);
+
+    let total = stream.len() as u64;
+    assert!(
+        wait_for(Duration::from_secs(120), || {
+            let s = stats.snapshot();
+            async move { s.applied + s.stale >= total }
+        })
+        .await,
+        "{:?}",
+        running.stats.snapshot()
+    );
+    let s = running.stats.snapshot();
+    assert!(
+        running.is_running(),
+        "refused forwards stopped the consumer"
+    );
+    running.stop().await.unwrap();
+    assert_eq!(
+        (s.applied + s.stale, s.duplicates, s.dead_lettered),
+        (total, 0, 0),
+        "each update applied or dropped as stale once, none dead-lettered: {s:?}"
+    );
+    let applied = applied(&db).await;
+    assert_eq!(applied.len(), customers.len(), "every customer applied");
+    for c in &customers {
+        let versions = &applied[c];
+        assert_eq!(versions.last(), Some(&5), "{c} ends at its highest version");
+        assert!(
+            versions.windows(2).all(|w| w[0] < w[1]),
+            "{c}: applied out of order: {versions:?}"
+        );
+    }
+    assert_eq!(
+        applied.values().map(|v| v.len() as u64).sum::<u64>(),
+        s.applied,
+        "one row per version applied"
+    );
+    cleanup(db, broker, &[&config]).await;
+}
+
+/// Whether the broker shows a policy on `queue`.
+async fn queue_has_policy(queue: &str) -> bool {
+    let Ok(out) = tokio::process::Command::new("rabbitmqctl")
+        .args(["list_queues", "-q", "--no-table-headers", "name", "policy"])
+        .output()
+        .await
+    else {
+        return false;
+    };
+    String::from_utf8_lossy(&out.stdout).lines().any(|line| {
+        let mut fields = line.split('\t');
+        fields.next() == Some(queue) && fields.next().is_some_and(|p| !p.trim().is_empty())
+    })
+}
+
 /// A second instance joins while the first is busy with every partition: the
 /// first hands two partitions over by finishing what it started before it
 /// frees their leases. No key runs in both instances at once, and without a
@@ -536,9 +693,7 @@ async fn a_handover_under_load_never_runs_one_key_in_two_instances<B: Backend>()
 
     // Unique keys: other tests in this binary share the overlap records.
     let customers: Vec<String> = (0..40).map(|i| format!("{}-c{i}", broker.queue)).collect();
-    let stream: Vec<Outgoing> = (1..=20)
-        .flat_map(|v| customers.iter().map(move |c| update(c, v)))
-        .collect();
+    let stream = versions_of(&customers, 20);
     // One version of every customer each 200 ms: the stream is still coming
     // when the second instance joins and the first hands partitions over.
     publish_all(&broker, &stream[..customers.len()]).await;
@@ -679,22 +834,10 @@ async fn ordered_lanes_keep_each_key_in_order_without_a_version_gate<B: Backend>
     broker.declare_config(&config).await;
 
     let customers: Vec<String> = (0..20).map(|i| format!("{}-c{i}", broker.queue)).collect();
-    let stream: Vec<Outgoing> = (1..=20)
-        .flat_map(|v| customers.iter().map(move |c| update(c, v)))
-        .collect();
+    let stream = versions_of(&customers, 20);
     publish_all(&broker, &stream).await;
 
-    let running = Running::start(Consumer::new(
-        config.clone(),
-        db.store.clone(),
-        Registry::<B>::new().route(UPDATE, 1, jittery::<B>),
-    ));
-    assert!(
-        running.settled(400, Duration::from_secs(120)).await,
-        "{:?}",
-        running.stats.snapshot()
-    );
-    let s = running.stats.snapshot();
+    let (running, s) = jittery_until_settled(&db, &config, 400).await;
     running.stop().await.unwrap();
     assert_eq!(
         (

@@ -20,14 +20,7 @@ pub(crate) async fn run_tool(program: &str, args: &[&str]) -> Result<(), String>
         .output()
         .await
         .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    tool_result(program, args, &out)
 }
 
 /// Closes every client connection of the local broker.
@@ -64,32 +57,93 @@ impl HashExchangePluginOff {
 
 impl Drop for HashExchangePluginOff {
     fn drop(&mut self) {
-        if let Err(e) = plugin("enable") {
-            if std::thread::panicking() {
-                // A second panic while a failed test unwinds would abort the
-                // run and hide the test's own failure.
-                #[allow(clippy::print_stderr, reason = "drop cannot return the error")]
-                {
-                    eprintln!("could not turn the hash exchange plugin back on: {e}");
-                }
-            } else {
-                panic!("could not turn the hash exchange plugin back on: {e}");
-            }
-        }
+        undo("turn the hash exchange plugin back on", plugin("enable"));
     }
 }
 
 fn plugin(verb: &str) -> Result<(), String> {
-    let out = std::process::Command::new("rabbitmq-plugins")
-        .args([verb, "rabbitmq_consistent_hash_exchange"])
+    run_tool_blocking(
+        "rabbitmq-plugins",
+        &[verb, "rabbitmq_consistent_hash_exchange"],
+    )
+}
+
+/// A policy on the local broker's queues whose names match a pattern, until
+/// this is dropped: for faults a client cannot cause, such as a queue that
+/// refuses every publish (`{"max-length": 0, "overflow": "reject-publish"}`).
+///
+/// It affects only the queues the pattern matches, so tests with queues of
+/// their own can use it side by side. Setting and clearing block the calling
+/// thread while `rabbitmqctl` runs.
+#[derive(Debug)]
+pub struct QueuePolicy {
+    name: String,
+}
+
+impl QueuePolicy {
+    /// `rabbitmqctl set_policy --apply-to queues --priority 100 NAME PATTERN
+    /// DEFINITION`; the high priority wins over the usual policies.
+    pub fn set(name: &str, pattern: &str, definition: &str) -> Result<Self, String> {
+        run_tool_blocking(
+            "rabbitmqctl",
+            &[
+                "set_policy",
+                "--apply-to",
+                "queues",
+                "--priority",
+                "100",
+                name,
+                pattern,
+                definition,
+            ],
+        )?;
+        Ok(QueuePolicy {
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl Drop for QueuePolicy {
+    fn drop(&mut self) {
+        undo(
+            &format!("clear policy {}", self.name),
+            run_tool_blocking("rabbitmqctl", &["clear_policy", &self.name]),
+        );
+    }
+}
+
+/// Reports a guard that could not put the broker back: a panic, but not while
+/// a failed test unwinds, where a second panic would abort the run and hide the
+/// test's own failure.
+fn undo(what: &str, result: Result<(), String>) {
+    if let Err(e) = result {
+        if std::thread::panicking() {
+            #[allow(clippy::print_stderr, reason = "drop cannot return the error")]
+            {
+                eprintln!("could not {what}: {e}");
+            }
+        } else {
+            panic!("could not {what}: {e}");
+        }
+    }
+}
+
+/// [`run_tool`] for drop, which cannot await: blocks the thread.
+fn run_tool_blocking(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(program)
+        .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run rabbitmq-plugins: {e}"))?;
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    tool_result(program, args, &out)
+}
+
+fn tool_result(program: &str, args: &[&str], out: &std::process::Output) -> Result<(), String> {
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "rabbitmq-plugins {verb}: {}",
+            "{program} {args:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }

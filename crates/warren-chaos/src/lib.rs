@@ -49,7 +49,7 @@ use tokio::process::{Child, Command};
 mod broker_tools;
 #[cfg(test)]
 use broker_tools::run_tool;
-pub use broker_tools::{HashExchangePluginOff, close_all_connections, restart_broker};
+pub use broker_tools::{HashExchangePluginOff, QueuePolicy, close_all_connections, restart_broker};
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
