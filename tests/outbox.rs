@@ -5,11 +5,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use warren::lapin::types::AMQPValue;
+use warren::lapin::options::QueueDeclareOptions;
+use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::store::OutboxStore;
 use warren::{Consumer, Outgoing, Publisher, Relay, RelayConfig};
 
-use crate::util::{Backend, Job, Mode, OUT_EVENT, Proxy, TestBroker, amqp_url, routes, wait_for};
+use crate::util::{
+    Backend, Job, Mode, OUT_EVENT, Proxy, TestBroker, amqp_url, queue_policy, routes, wait_for,
+};
 
 on_all_backends!(
     row_is_invisible_until_its_transaction_commits,
@@ -23,6 +26,96 @@ on_all_backends!(
     each_store_wakes_its_own_relays,
     a_partition_key_leaves_the_outbox_as_a_long_string,
 );
+
+/// A quorum queue that refused a publish (its length limit reached, with
+/// `reject-publish`) goes on refusing the channel it refused after the limit is
+/// lifted, on RabbitMQ 3.10 (rabbitmq-server #12206): every retry copy, dead
+/// letter or relay row for it would fail until the process reconnects. The
+/// publisher takes a new channel after a nack, so the first publish after the
+/// limit is lifted goes in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_refused_by_a_full_quorum_queue_publishes_again_once_the_limit_is_lifted() {
+    let broker = TestBroker::new().await;
+    let queue = format!("{}.limited", broker.queue);
+    broker.track_queue(&queue);
+    let channel = broker.connection.create_channel().await.unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .unwrap();
+    let _ = channel.close(200, "declared".into()).await;
+    let limit = warren_chaos::QueuePolicy::set(
+        &format!("{}-limit", broker.queue),
+        &format!("^{}$", queue.replace('.', "\\.")),
+        r#"{"max-length": 1}"#,
+    )
+    .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            queue_policy(&queue).await.is_some()
+        })
+        .await,
+        "the policy never reached {queue}"
+    );
+
+    let publisher = Publisher::new(Arc::new(
+        warren::broker::connect(&amqp_url(), "limited publisher")
+            .await
+            .unwrap(),
+    ));
+    let publish = |n: u32| {
+        let publisher = &publisher;
+        let queue = &queue;
+        async move {
+            publisher
+                .publish_raw("", queue, n.to_string().as_bytes(), Default::default())
+                .await
+        }
+    };
+    // The queue takes a publish and then finds itself at its limit: the
+    // refusal comes within a few publishes.
+    let mut refused = false;
+    for n in 0..20 {
+        match publish(n).await {
+            Ok(()) => {}
+            Err(warren::broker::BrokerError::Nacked { .. }) => {
+                refused = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused, "the full queue never refused a publish");
+
+    drop(limit);
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            queue_policy(&queue).await.is_none()
+        })
+        .await,
+        "the policy stayed on {queue}"
+    );
+    publish(100)
+        .await
+        .expect("the first publish after the limit is lifted goes in");
+    broker.cleanup().await;
+}
 
 /// The hash exchange hashes the header's AMQP type with its value: an event
 /// written with a partition key must leave the relay with that header as a

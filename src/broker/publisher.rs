@@ -15,11 +15,14 @@ use crate::outgoing::Outgoing;
 /// the message, so the caller may then ack or mark what it published.
 ///
 /// If the channel dies (the broker closes it on an error), the next publish opens
-/// a new one.
+/// a new one; after the broker nacks a publish, the next ones go through a new
+/// channel too (a queue may go on refusing the channel it refused once).
 #[derive(Debug)]
 pub struct Publisher {
     connection: Arc<Connection>,
     channel: Mutex<Option<Channel>>,
+    /// When a channel was last retired after a nack.
+    retired_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Exchanges seen to exist, and when: the relay asks before every batch,
     /// and one answer serves for [`EXCHANGE_CHECK_TTL`] instead of a round trip
     /// per batch. An exchange deleted meanwhile is still caught by the publish.
@@ -29,6 +32,10 @@ pub struct Publisher {
 /// How long an exchange seen to exist is taken to still exist.
 const EXCHANGE_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// At most one channel is retired after a nack in this long: a queue that
+/// stays full nacks every copy, and a new channel per nack would only churn.
+const RETIRE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Publisher {
     /// A publisher on `connection`; the channel opens on first use.
     pub fn new(connection: Arc<Connection>) -> Self {
@@ -36,6 +43,39 @@ impl Publisher {
             connection,
             channel: Mutex::new(None),
             known_exchanges: Default::default(),
+            retired_at: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// After the broker nacked a publish on `channel`: later publishes go
+    /// through a new channel. A quorum queue that refused a channel once (its
+    /// length limit reached, with `reject-publish`) goes on refusing that
+    /// channel after the limit is lifted, on RabbitMQ 3.10 (rabbitmq-server
+    /// #12206); a new channel is taken. The old one is closed once the confirms
+    /// still on their way had their time to arrive, so no publish in flight
+    /// fails for it.
+    async fn retire(&self, channel: &Channel) {
+        {
+            let mut last = self
+                .retired_at
+                .lock()
+                .expect("never poisoned: no panic while held");
+            if last.is_some_and(|at| at.elapsed() < RETIRE_INTERVAL) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let Ok(mut guard) = tokio::time::timeout(CALL_TIMEOUT, self.channel.lock()).await else {
+            return;
+        };
+        if guard.as_ref().is_some_and(|c| c.id() == channel.id())
+            && let Some(old) = guard.take()
+        {
+            drop(guard);
+            tokio::spawn(async move {
+                tokio::time::sleep(CONFIRM_TIMEOUT).await;
+                super::close_channel(&old, "retired after a nack").await;
+            });
         }
     }
 
@@ -163,7 +203,14 @@ impl Publisher {
                     .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
                 confirmed(confirmation, item.exchange, item.routing_key)
             });
-        futures_util::future::join_all(waits).await
+        let results = futures_util::future::join_all(waits).await;
+        if results
+            .iter()
+            .any(|r| matches!(r, Err(BrokerError::Nacked { .. })))
+        {
+            self.retire(&channel).await;
+        }
+        results
     }
 
     /// Publishes an envelope built by [`Outgoing`] and waits for its confirm. A
@@ -202,7 +249,11 @@ impl Publisher {
         let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
             .await
             .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
-        confirmed(confirmation, exchange, routing_key)
+        let result = confirmed(confirmation, exchange, routing_key);
+        if let Err(BrokerError::Nacked { .. }) = &result {
+            self.retire(&channel).await;
+        }
+        result
     }
 }
 

@@ -274,6 +274,22 @@ impl Running {
     }
 }
 
+/// The name of the policy the broker applies to `queue` (None without one),
+/// read off `rabbitmqctl` on the broker's host.
+pub async fn queue_policy(queue: &str) -> Option<String> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["list_queues", "-q", "--no-table-headers", "name", "policy"])
+        .output()
+        .await
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| {
+            let (name, policy) = line.split_once('\t')?;
+            (name == queue && !policy.trim().is_empty()).then(|| policy.trim().to_owned())
+        })
+}
+
 /// Runs the test's default consumer until `n` deliveries have settled (applied,
 /// duplicate or dead-lettered), stops it, and returns its counters.
 pub async fn consume_until<B: Backend>(
