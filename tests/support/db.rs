@@ -113,42 +113,94 @@ impl<B: Backend> TestDb<B> {
     }
 }
 
+/// The methods every backend writes alike but for its store type and its
+/// placeholders (`$1` or `?`). A macro, because sqlx's bounds are written per
+/// database: a generic default body would need them all spelled out.
+macro_rules! same_for_every_backend {
+    ($S:ty, [$p1:literal, $p2:literal, $p3:literal, $p4:literal]) => {
+        async fn record_version(
+            tx: &mut Tx<Self>,
+            customer: &str,
+            version: i64,
+            message_id: &str,
+        ) -> Result<(), sqlx::Error> {
+            let seq: i64 = sqlx::query_scalar(concat!(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = ",
+                $p1
+            ))
+            .bind(customer)
+            .fetch_one(tx.conn())
+            .await?;
+            sqlx::query(concat!(
+                "INSERT INTO test_applied (customer, version, seq, message_id) VALUES (",
+                $p1,
+                ", ",
+                $p2,
+                ", ",
+                $p3,
+                ", ",
+                $p4,
+                ")"
+            ))
+            .bind(customer)
+            .bind(version)
+            .bind(seq)
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+            Ok(())
+        }
+
+        async fn applied_rows(store: &$S) -> Vec<(String, i64, i64)> {
+            sqlx::query_as(APPLIED_ROWS)
+                .fetch_all(store.pool())
+                .await
+                .unwrap()
+        }
+
+        async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
+            sqlx::query(concat!(
+                "INSERT INTO test_effects (message_id) VALUES (",
+                $p1,
+                ")"
+            ))
+            .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+            Ok(())
+        }
+
+        fn pool(store: &$S) -> &sqlx::Pool<Self> {
+            store.pool()
+        }
+
+        async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar(sql).fetch_one(tx.conn()).await
+        }
+
+        async fn count(store: &$S, sql: String) -> i64 {
+            sqlx::query_scalar(AssertSqlSafe(sql))
+                .fetch_one(store.pool())
+                .await
+                .unwrap()
+        }
+
+        async fn exec(store: &$S, sql: String) {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+    };
+}
+
 const EFFECTS_PG: &str =
     "CREATE TABLE test_effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL)";
 const EFFECTS_SQLITE: &str =
     "CREATE TABLE test_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)";
 
 impl Backend for Postgres {
-    async fn record_version(
-        tx: &mut Tx<Self>,
-        customer: &str,
-        version: i64,
-        message_id: &str,
-    ) -> Result<(), sqlx::Error> {
-        let seq: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = $1",
-        )
-        .bind(customer)
-        .fetch_one(tx.conn())
-        .await?;
-        sqlx::query(
-            "INSERT INTO test_applied (customer, version, seq, message_id) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(customer)
-        .bind(version)
-        .bind(seq)
-        .bind(message_id)
-        .execute(tx.conn())
-        .await?;
-        Ok(())
-    }
-
-    async fn applied_rows(store: &PgStore) -> Vec<(String, i64, i64)> {
-        sqlx::query_as(APPLIED_ROWS)
-            .fetch_all(store.pool())
-            .await
-            .unwrap()
-    }
+    same_for_every_backend!(PgStore, ["$1", "$2", "$3", "$4"]);
 
     type S = PgStore;
     const NAME: &'static str = "postgres";
@@ -177,69 +229,10 @@ impl Backend for Postgres {
     async fn open(url: &str) -> PgStore {
         PgStore::connect(url, 12).await.unwrap()
     }
-
-    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO test_effects (message_id) VALUES ($1)")
-            .bind(message_id)
-            .execute(tx.conn())
-            .await?;
-        Ok(())
-    }
-
-    fn pool(store: &PgStore) -> &sqlx::Pool<Self> {
-        store.pool()
-    }
-
-    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
-    }
-
-    async fn count(store: &PgStore, sql: String) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    }
-
-    async fn exec(store: &PgStore, sql: String) {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
 }
 
 impl Backend for Sqlite {
-    async fn record_version(
-        tx: &mut Tx<Self>,
-        customer: &str,
-        version: i64,
-        message_id: &str,
-    ) -> Result<(), sqlx::Error> {
-        let seq: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = ?",
-        )
-        .bind(customer)
-        .fetch_one(tx.conn())
-        .await?;
-        sqlx::query(
-            "INSERT INTO test_applied (customer, version, seq, message_id) VALUES (?, ?, ?, ?)",
-        )
-        .bind(customer)
-        .bind(version)
-        .bind(seq)
-        .bind(message_id)
-        .execute(tx.conn())
-        .await?;
-        Ok(())
-    }
-
-    async fn applied_rows(store: &SqliteStore) -> Vec<(String, i64, i64)> {
-        sqlx::query_as(APPLIED_ROWS)
-            .fetch_all(store.pool())
-            .await
-            .unwrap()
-    }
+    same_for_every_backend!(SqliteStore, ["?", "?", "?", "?"]);
 
     type S = SqliteStore;
     const NAME: &'static str = "sqlite";
@@ -263,36 +256,6 @@ impl Backend for Sqlite {
     async fn open(url: &str) -> SqliteStore {
         SqliteStore::connect(url).await.unwrap()
     }
-
-    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
-            .bind(message_id)
-            .execute(tx.conn())
-            .await?;
-        Ok(())
-    }
-
-    fn pool(store: &SqliteStore) -> &sqlx::Pool<Self> {
-        store.pool()
-    }
-
-    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
-    }
-
-    async fn count(store: &SqliteStore, sql: String) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    }
-
-    async fn exec(store: &SqliteStore, sql: String) {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
 }
 
 #[cfg(feature = "mysql")]
@@ -301,36 +264,7 @@ const EFFECTS_MYSQL: &str = "CREATE TABLE test_effects (id BIGINT AUTO_INCREMENT
 
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {
-    async fn record_version(
-        tx: &mut Tx<Self>,
-        customer: &str,
-        version: i64,
-        message_id: &str,
-    ) -> Result<(), sqlx::Error> {
-        let seq: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(MAX(seq), 0) + 1 FROM test_applied WHERE customer = ?",
-        )
-        .bind(customer)
-        .fetch_one(tx.conn())
-        .await?;
-        sqlx::query(
-            "INSERT INTO test_applied (customer, version, seq, message_id) VALUES (?, ?, ?, ?)",
-        )
-        .bind(customer)
-        .bind(version)
-        .bind(seq)
-        .bind(message_id)
-        .execute(tx.conn())
-        .await?;
-        Ok(())
-    }
-
-    async fn applied_rows(store: &warren::MySqlStore) -> Vec<(String, i64, i64)> {
-        sqlx::query_as(APPLIED_ROWS)
-            .fetch_all(store.pool())
-            .await
-            .unwrap()
-    }
+    same_for_every_backend!(warren::MySqlStore, ["?", "?", "?", "?"]);
 
     type S = warren::MySqlStore;
     const NAME: &'static str = "mysql";
@@ -359,35 +293,5 @@ impl Backend for sqlx::MySql {
 
     async fn open(url: &str) -> warren::MySqlStore {
         warren::MySqlStore::connect(url, 12).await.unwrap()
-    }
-
-    async fn insert_effect(tx: &mut Tx<Self>, message_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO test_effects (message_id) VALUES (?)")
-            .bind(message_id)
-            .execute(tx.conn())
-            .await?;
-        Ok(())
-    }
-
-    fn pool(store: &warren::MySqlStore) -> &sqlx::Pool<Self> {
-        store.pool()
-    }
-
-    async fn count_in(tx: &mut Tx<Self>, sql: &'static str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(sql).fetch_one(tx.conn()).await
-    }
-
-    async fn count(store: &warren::MySqlStore, sql: String) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    }
-
-    async fn exec(store: &warren::MySqlStore, sql: String) {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(store.pool())
-            .await
-            .unwrap();
     }
 }
