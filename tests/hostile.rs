@@ -248,9 +248,17 @@ async fn each_hostile_input_ends_where_the_readme_says<B: Backend>() {
     ] {
         assert_eq!(db.effects_for(&id(case)).await, 1, "{case} applied once");
     }
-    assert_eq!(reported_attempts(&id("attempt-999")), [1, 2]);
-    assert_eq!(reported_attempts(&id("attempt-2")), [1, 2, 3]);
-    assert_eq!(reported_attempts(&id("attempt-max")), [1]);
+    // A batch rolled back for another message's failure runs this message's
+    // handler again with the same attempt (replay isolation; seen in CI as
+    // [1, 2, 2]): each attempt number counts once, in order.
+    let attempts = |case: &str| {
+        let mut seen = reported_attempts(&id(case));
+        seen.dedup();
+        seen
+    };
+    assert_eq!(attempts("attempt-999"), [1, 2]);
+    assert_eq!(attempts("attempt-2"), [1, 2, 3]);
+    assert_eq!(attempts("attempt-max"), [1]);
 
     let dead = dead_letters(&broker).await;
     let reason = |case: &str| dead[&id(case)].0.reason.clone();

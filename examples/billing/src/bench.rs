@@ -491,7 +491,29 @@ async fn one_insert_run<B: BenchDb>(
     let (elapsed, stats) = elapsed?;
     println!("   {}", batching(&stats));
     println!("   {}", cpu_per_message(&spent, n));
+    let hash = partition_hash_cost(n);
+    let per_message = spent.this_process.as_secs_f64() / n.max(1) as f64;
+    println!(
+        "   a partitioned consumer also hashes each delivery's key to check its partition: \
+         {:.2} µs, {:.1}% of this process's CPU per message above",
+        hash.as_secs_f64() * 1e6,
+        100.0 * hash.as_secs_f64() / per_message.max(f64::MIN_POSITIVE),
+    );
     Ok((rate(n, elapsed), rss))
+}
+
+/// The hash a partition queue's consumer runs on every delivery's key (the
+/// ring's own, to find the key's home), timed here over `n` keys shaped like
+/// billing's customer ids.
+fn partition_hash_cost(n: usize) -> Duration {
+    let keys: Vec<String> = (0..n.max(1)).map(|i| format!("cus_{i:08}")).collect();
+    let started = std::time::Instant::now();
+    let mut homes = 0u64;
+    for key in &keys {
+        homes += u64::from(warren::partition::partition_of(key.as_bytes(), 4));
+    }
+    std::hint::black_box(homes);
+    started.elapsed() / u32::try_from(keys.len()).unwrap_or(u32::MAX)
 }
 
 /// CPU per message of each process, against what the machine has.
