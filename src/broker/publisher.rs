@@ -51,32 +51,41 @@ impl Publisher {
     /// through a new channel. A quorum queue that refused a channel once (its
     /// length limit reached, with `reject-publish`) goes on refusing that
     /// channel after the limit is lifted, on RabbitMQ 3.10 (rabbitmq-server
-    /// #12206); a new channel is taken. The old one is closed once the confirms
-    /// still on their way had their time to arrive, so no publish in flight
-    /// fails for it.
-    async fn retire(&self, channel: &Channel) {
-        {
-            let mut last = self
-                .retired_at
-                .lock()
-                .expect("never poisoned: no panic while held");
-            if last.is_some_and(|at| at.elapsed() < RETIRE_INTERVAL) {
-                return;
-            }
-            *last = Some(std::time::Instant::now());
+    /// #12206); a new channel is taken. Never waits: if another caller holds
+    /// the channel lock, a later nack retires the channel instead.
+    ///
+    /// The old channel is closed only after a publish started on it has had
+    /// its call timeout to be sent and its confirms have come back (at most
+    /// the confirm timeout), so a publish in flight does not fail for it short
+    /// of outlasting its own timeouts.
+    fn retire(&self, channel: &Channel) {
+        let due = self
+            .retired_at
+            .lock()
+            .expect("never poisoned: no panic while held")
+            .is_none_or(|at| at.elapsed() >= RETIRE_INTERVAL);
+        if !due {
+            return;
         }
-        let Ok(mut guard) = tokio::time::timeout(CALL_TIMEOUT, self.channel.lock()).await else {
+        let Ok(mut guard) = self.channel.try_lock() else {
             return;
         };
-        if guard.as_ref().is_some_and(|c| c.id() == channel.id())
-            && let Some(old) = guard.take()
-        {
-            drop(guard);
-            tokio::spawn(async move {
-                tokio::time::sleep(CONFIRM_TIMEOUT).await;
-                super::close_channel(&old, "retired after a nack").await;
-            });
+        if guard.as_ref().is_none_or(|c| c.id() != channel.id()) {
+            return; // retired already, or never cached
         }
+        let Some(old) = guard.take() else {
+            return;
+        };
+        drop(guard);
+        *self
+            .retired_at
+            .lock()
+            .expect("never poisoned: no panic while held") = Some(std::time::Instant::now());
+        tokio::spawn(async move {
+            tokio::time::sleep(CALL_TIMEOUT).await;
+            let _ = tokio::time::timeout(CONFIRM_TIMEOUT, old.wait_for_confirms()).await;
+            super::close_channel(&old, "retired after a nack").await;
+        });
     }
 
     /// The confirm channel, opened on first use and again after it died. The
@@ -208,7 +217,7 @@ impl Publisher {
             .iter()
             .any(|r| matches!(r, Err(BrokerError::Nacked { .. })))
         {
-            self.retire(&channel).await;
+            self.retire(&channel);
         }
         results
     }
@@ -251,7 +260,7 @@ impl Publisher {
             .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
         let result = confirmed(confirmation, exchange, routing_key);
         if let Err(BrokerError::Nacked { .. }) = &result {
-            self.retire(&channel).await;
+            self.retire(&channel);
         }
         result
     }

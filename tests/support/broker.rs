@@ -274,14 +274,19 @@ impl Running {
     }
 }
 
-/// The name of the policy the broker applies to `queue` (None without one),
-/// read off `rabbitmqctl` on the broker's host.
+/// The name of the policy the broker applies to `queue` (None without one, or
+/// without the queue), read off `rabbitmqctl` on the broker's host.
 pub async fn queue_policy(queue: &str) -> Option<String> {
     let out = tokio::process::Command::new("rabbitmqctl")
         .args(["list_queues", "-q", "--no-table-headers", "name", "policy"])
         .output()
         .await
-        .ok()?;
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl list_queues: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|line| {

@@ -81,7 +81,7 @@ pub struct Settings {
 
 impl Default for Settings {
     /// warren's defaults and billing's own, with warren's default retry tiers
-    /// on classic queues (`billing run` asks for quorum queues and its tiers).
+    /// and queue type (`billing run` asks for quorum queues and its own tiers).
     fn default() -> Self {
         Settings {
             prefetch: warren::config::DEFAULT_PREFETCH,
