@@ -15,6 +15,7 @@ use chrono::Utc;
 
 use crate::Error;
 use crate::broker::{self, Backoff, BatchItem, Publisher};
+use crate::dispatcher::barrier::SoloBarrier;
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
 pub use crate::relay_config::{
@@ -117,6 +118,10 @@ impl<S: OutboxStore> Relay<S> {
     }
 
     async fn run_once_inner(&self, publisher: &Publisher) -> Result<(usize, bool), StoreError> {
+        // A batch is work of this process like a handler's: while a suspect
+        // runs alone, the relay waits, so that a death of the relay's cannot
+        // count against the suspect.
+        let _shared = SoloBarrier::process().shared().await;
         let mut tally = RelayStats::default();
         let tally_ref = &mut tally;
         let taken = self

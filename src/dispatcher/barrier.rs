@@ -7,8 +7,9 @@
 //! against it.
 //!
 //! The barrier is a fair reader-writer lock, one per process, shared by every
-//! consumer the process runs: ordinary work holds it shared while it runs; a
-//! suspect takes it exclusively. Work already running finishes first; work that
+//! consumer the process runs and by its outbox relays: ordinary work (a
+//! handler, a relay's batch) holds it shared while it runs; a suspect takes it
+//! exclusively. Work already running finishes first; work that
 //! arrives while a suspect waits queues behind it (the lock is fair, so a stream
 //! of ordinary work cannot starve a suspect), and runs when the suspect settles.
 
