@@ -9,8 +9,11 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
+pub use guard::{Pruned, take_pruned};
+
 mod acks;
 pub(crate) mod browse;
+pub mod guard;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod memory;
 mod port;
@@ -219,8 +222,11 @@ pub async fn connect_with_tls(
     let mut last = None;
     for u in &urls {
         let props = ConnectionProperties::default().with_connection_name(name.into());
-        let runtime = lapin::runtime::default_runtime()?;
-        let connecting = Connection::connect_with_config(u, props, tls_config.clone(), runtime);
+        let uri = u.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+            BrokerError::Unavailable(format!("{}: {e}", crate::database_url::redact_url(u)))
+        })?;
+        // Every byte the broker sends passes the frame guard (see `guard`).
+        let connecting = guard::connect(uri, props, tls_config.clone());
         // A broker that is starting can accept the TCP connection and then not
         // answer the handshake; without a deadline the connect would wait forever.
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {

@@ -136,6 +136,7 @@ mod tests {
             redelivered: false,
             properties: Default::default(),
             body: Vec::new(),
+            pruned: None,
         }
     }
 
@@ -147,6 +148,7 @@ mod tests {
             redelivered: true,
             properties: Default::default(),
             body: Vec::new(),
+            pruned: None,
         }
     }
 

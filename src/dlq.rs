@@ -15,14 +15,14 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
-use crate::amqp::time;
+use crate::amqp::{text, time};
 use crate::broker::browse::{self, Browse};
-use crate::broker::{BrokerError, Publisher};
+use crate::broker::{BrokerError, Pruned, Publisher};
 use crate::dead_letter::DeadLetterInfo;
 use crate::headers::{
-    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
-    HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT,
-    HEADER_SIGNATURE,
+    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_DROPPED, HEADER_ERROR,
+    HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_PRUNED_DIGEST,
+    HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, HEADER_SIGNATURE,
 };
 use crate::topology::dead_letter_queue_name;
 
@@ -39,10 +39,15 @@ pub struct DeadLetter {
     pub body: Vec<u8>,
     /// The AMQP properties as they were dead-lettered.
     pub properties: BasicProperties,
+    /// What the frame guard removed from the properties when this letter was
+    /// read: `Some` for a letter whose headers warren cannot read safely (one
+    /// that the broker or a producer put in the queue; warren's own consumer
+    /// dead-letters such a message with the removal already recorded).
+    pub pruned: Option<Pruned>,
 }
 
 impl DeadLetter {
-    fn from_delivery(d: &Delivery) -> Self {
+    fn from_delivery(d: &Delivery, pruned: Option<Pruned>) -> Self {
         let props = &d.properties;
         let text = |v: &Option<lapin::types::ShortString>| {
             v.as_ref().map(|s| s.to_string()).unwrap_or_default()
@@ -53,6 +58,7 @@ impl DeadLetter {
             info: DeadLetterInfo::from_properties(props),
             body: d.data.clone(),
             properties: props.clone(),
+            pruned,
         }
     }
 
@@ -158,7 +164,7 @@ impl DeadLetterQueue {
         let result = async {
             while out.len() < limit {
                 match walk.next().await? {
-                    Some(d) => out.push(DeadLetter::from_delivery(&d)),
+                    Some((d, pruned)) => out.push(DeadLetter::from_delivery(&d, pruned)),
                     None => break,
                 }
             }
@@ -173,8 +179,8 @@ impl DeadLetterQueue {
     pub async fn find(&self, id: &str) -> Result<Option<DeadLetter>, BrokerError> {
         let walk = self.open().await?;
         let result = async {
-            while let Some(d) = walk.next().await? {
-                let letter = DeadLetter::from_delivery(&d);
+            while let Some((d, pruned)) = walk.next().await? {
+                let letter = DeadLetter::from_delivery(&d, pruned);
                 if letter.message_id == id {
                     return Ok(Some(letter));
                 }
@@ -215,8 +221,10 @@ impl DeadLetterQueue {
             // entity can go back in version order.
             let mut chosen = Vec::new();
             while chosen.len() < limit {
-                let Some(d) = walk.next().await? else { break };
-                let letter = DeadLetter::from_delivery(&d);
+                let Some((d, pruned)) = walk.next().await? else {
+                    break;
+                };
+                let letter = DeadLetter::from_delivery(&d, pruned);
                 if selection.matches(&letter) {
                     chosen.push((d, letter));
                 } else {
@@ -230,7 +238,7 @@ impl DeadLetterQueue {
                         p.tick().await;
                     }
                     publisher
-                        .publish_raw("", &self.queue, &d.data, replay_properties(&d.properties))
+                        .publish_raw("", &self.queue, &d.data, replay_properties(&letter))
                         .await?;
                     // Only now, with the copy confirmed, does the dead letter go.
                     walk.ack(&d).await?;
@@ -257,8 +265,8 @@ impl DeadLetterQueue {
         let walk = self.open().await?;
         let mut removed = Vec::new();
         let result = async {
-            while let Some(d) = walk.next().await? {
-                let letter = DeadLetter::from_delivery(&d);
+            while let Some((d, pruned)) = walk.next().await? {
+                let letter = DeadLetter::from_delivery(&d, pruned);
                 if ids.contains(&letter.message_id) {
                     walk.ack(&d).await?;
                     removed.push(letter);
@@ -289,9 +297,10 @@ const FAILURE_HEADERS: &[&str] = &[
 /// The replayed copy: the dead letter's properties without its failure record
 /// and warren's signature (which no longer covers what is left), and without a
 /// `user_id`, which the broker would refuse from the replaying connection; the
-/// id stays in `x-warren-original-user-id`.
-fn replay_properties(properties: &BasicProperties) -> BasicProperties {
-    let properties = crate::headers::copy_base(properties, true);
+/// id stays in `x-warren-original-user-id`. What the frame guard removed on
+/// reading is recorded as on a copy warren's consumer dead-letters.
+fn replay_properties(letter: &DeadLetter) -> BasicProperties {
+    let properties = crate::headers::copy_base(&letter.properties, true);
     let mut kept: std::collections::BTreeMap<_, _> = properties
         .headers()
         .as_ref()
@@ -306,13 +315,16 @@ fn replay_properties(properties: &BasicProperties) -> BasicProperties {
         })
         .unwrap_or_default();
     kept.insert(HEADER_REPLAYED_AT.into(), time(Utc::now()));
+    if let Some(pruned) = &letter.pruned {
+        kept.insert(HEADER_DROPPED.into(), text(&pruned.removed));
+        kept.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
+    }
     properties.with_headers(FieldTable::from(kept))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::amqp::text;
 
     /// Regression (issue 10): a replayed copy kept the producer's `user_id`, and
     /// the broker refused it from the replaying connection (406).
@@ -325,7 +337,15 @@ mod tests {
             .with_message_id("m1".into())
             .with_user_id("A".into())
             .with_headers(headers);
-        let copy = replay_properties(&dead);
+        let letter = DeadLetter {
+            message_id: "m1".into(),
+            event_type: String::new(),
+            info: None,
+            body: Vec::new(),
+            properties: dead,
+            pruned: None,
+        };
+        let copy = replay_properties(&letter);
         assert_eq!(*copy.user_id(), None);
         let h = copy.headers().as_ref().unwrap();
         assert!(!h.contains_key(HEADER_REASON));

@@ -198,11 +198,22 @@ pub enum DeadLetterReason {
     /// Strict sequence: the version it follows never applied within the gap
     /// patience.
     VersionGap,
+    /// A header nested more tables or arrays deep than the frame guard reads
+    /// ([`MAX_HEADER_DEPTH`](crate::broker::guard::MAX_HEADER_DEPTH)); it was
+    /// removed before the AMQP client read the message.
+    HeadersTooDeep,
+    /// The headers held more values than the frame guard reads
+    /// ([`MAX_HEADER_ENTRIES`](crate::broker::guard::MAX_HEADER_ENTRIES)); the
+    /// headers past it were removed.
+    TooManyHeaders,
+    /// Text the AMQP client reads as UTF-8 was not (a property, a header name,
+    /// the exchange or routing key); the frame guard replaced or removed it.
+    UnreadableFrame,
 }
 
 impl DeadLetterReason {
     /// Every reason, for reports and tests.
-    pub const ALL: [DeadLetterReason; 15] = [
+    pub const ALL: [DeadLetterReason; 18] = [
         DeadLetterReason::BodyTooLarge,
         DeadLetterReason::InvalidContentType,
         DeadLetterReason::UnsupportedContentEncoding,
@@ -218,6 +229,9 @@ impl DeadLetterReason {
         DeadLetterReason::Poison,
         DeadLetterReason::InvalidPartitionKey,
         DeadLetterReason::VersionGap,
+        DeadLetterReason::HeadersTooDeep,
+        DeadLetterReason::TooManyHeaders,
+        DeadLetterReason::UnreadableFrame,
     ];
 
     /// The stable, kebab-case name used in headers, metrics and the CLI.
@@ -238,12 +252,26 @@ impl DeadLetterReason {
             DeadLetterReason::Poison => "poison",
             DeadLetterReason::InvalidPartitionKey => "invalid-partition-key",
             DeadLetterReason::VersionGap => "version-gap",
+            DeadLetterReason::HeadersTooDeep => "headers-too-deep",
+            DeadLetterReason::TooManyHeaders => "too-many-headers",
+            DeadLetterReason::UnreadableFrame => "unreadable-frame",
         }
     }
 
     /// Parses a name produced by [`as_str`](Self::as_str).
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+impl From<crate::broker::guard::Cause> for DeadLetterReason {
+    fn from(cause: crate::broker::guard::Cause) -> Self {
+        use crate::broker::guard::Cause;
+        match cause {
+            Cause::TooDeep => DeadLetterReason::HeadersTooDeep,
+            Cause::TooMany => DeadLetterReason::TooManyHeaders,
+            Cause::Unreadable => DeadLetterReason::UnreadableFrame,
+        }
     }
 }
 
@@ -263,6 +291,14 @@ mod tests {
         for r in DeadLetterReason::ALL {
             assert_eq!(DeadLetterReason::from_name(r.as_str()), Some(r));
             assert!(seen.insert(r.as_str()));
+        }
+    }
+
+    #[test]
+    fn each_guard_cause_is_the_reason_of_the_same_name() {
+        use crate::broker::guard::Cause;
+        for cause in [Cause::TooDeep, Cause::TooMany, Cause::Unreadable] {
+            assert_eq!(DeadLetterReason::from(cause).as_str(), cause.as_str());
         }
     }
 

@@ -17,7 +17,7 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use sha2::Sha256;
 
-use crate::amqp::{text, truncate};
+use crate::amqp::{header_str, text, truncate};
 
 /// Header: failed attempts so far, set on copies sent to retry tiers. warren
 /// counts attempts here, never in `x-death`.
@@ -68,9 +68,14 @@ pub const HEADER_UNVERIFIED: &str = "x-warren-unverified";
 /// cannot keep the property (the broker refuses a `user_id` other than the
 /// publishing connection's user), so it is recorded here instead.
 pub const HEADER_ORIGINAL_USER_ID: &str = "x-warren-original-user-id";
-/// Header: names of producer headers dropped from a copy because, with warren's
-/// record added, the headers no longer fit in one AMQP frame.
+/// Header: names of producer headers dropped from a copy: because, with
+/// warren's record added, the headers no longer fit in one AMQP frame, or
+/// because the frame guard removed them before the message was read
+/// ([`guard`](crate::broker::guard)).
 pub const HEADER_DROPPED: &str = "x-warren-dropped-headers";
+/// Header: on a message the frame guard rewrote, `sha256:` and the hex digest
+/// of every byte it removed or replaced, in frame order.
+pub const HEADER_PRUNED_DIGEST: &str = "x-warren-pruned-digest";
 
 /// Headers the broker adds on its own (dead-lettering history, quorum delivery
 /// counts). A republished copy drops them: they describe the old copy's life, a
@@ -340,7 +345,12 @@ pub(crate) fn fit(properties: BasicProperties, frame_max: usize) -> BasicPropert
         dropped.push(name.to_string());
     }
     if !dropped.is_empty() {
-        let names = dropped.join(", ");
+        // Names the guard recorded before stay first.
+        let mut names = header_str(&headers, HEADER_DROPPED)
+            .map(|n| vec![n.into_owned()])
+            .unwrap_or_default();
+        names.extend(dropped);
+        let names = names.join(", ");
         headers.insert(HEADER_DROPPED.into(), text(truncate(&names, 1000)));
     }
     properties.with_headers(headers)
@@ -441,7 +451,7 @@ mod tests {
         let t = signer.trusted(&forged);
         let h = t.headers().as_ref().unwrap();
         assert_eq!(
-            crate::amqp::header_str(h, "tenant").unwrap(),
+            header_str(h, "tenant").unwrap(),
             "acme",
             "the producer's own headers are kept"
         );
@@ -457,10 +467,7 @@ mod tests {
         assert_eq!(*copy.expiration(), None);
         let h = copy.headers().as_ref().unwrap();
         assert!(!h.contains_key("x-delivery-count"));
-        assert_eq!(
-            crate::amqp::header_str(h, HEADER_ORIGINAL_USER_ID).unwrap(),
-            "A"
-        );
+        assert_eq!(header_str(h, HEADER_ORIGINAL_USER_ID).unwrap(), "A");
     }
 
     #[test]
@@ -475,8 +482,8 @@ mod tests {
         check_frame_size(&fitted, DEFAULT_FRAME_MAX).unwrap();
         let h = fitted.headers().as_ref().unwrap();
         assert!(!h.contains_key("big"));
-        assert_eq!(crate::amqp::header_str(h, "small").unwrap(), "keep");
-        assert_eq!(crate::amqp::header_str(h, HEADER_DROPPED).unwrap(), "big");
-        assert!(crate::amqp::header_str(h, HEADER_ERROR).unwrap().len() <= SHRUNK_ERROR_LEN);
+        assert_eq!(header_str(h, "small").unwrap(), "keep");
+        assert_eq!(header_str(h, HEADER_DROPPED).unwrap(), "big");
+        assert!(header_str(h, HEADER_ERROR).unwrap().len() <= SHRUNK_ERROR_LEN);
     }
 }

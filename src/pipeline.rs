@@ -176,7 +176,9 @@ impl<S: Store> Pipeline<S> {
         let (Some(seat), Some(p)) = (&self.config.seat, &self.config.partitions) else {
             return None;
         };
-        if !self.config.hash_verified {
+        // A delivery the guard pruned is dead-lettered here: its key may be
+        // among what was removed.
+        if !self.config.hash_verified || delivery.pruned.is_some() {
             return None;
         }
         let key = partition::key_of(delivery.properties.headers().as_ref(), &p.header).ok()?;
@@ -219,6 +221,12 @@ impl<S: Store> Pipeline<S> {
         delivery: &Delivery,
         attempt: u32,
     ) -> Result<Prepared<S::Db>, InvalidMessage> {
+        if let Some(pruned) = &delivery.pruned {
+            // Its headers carry meaning (partition key, warren's history,
+            // versions) and some are gone: never applied as it stands.
+            self.telemetry.pruned(pruned.cause);
+            return Err(InvalidMessage::new(pruned.cause.into(), &pruned.detail));
+        }
         let props = &delivery.properties;
         if let Some(p) = &self.config.partitions
             && let Err(partition::KeyError::Invalid(why)) =

@@ -445,6 +445,16 @@ impl Telemetry {
         .increment(1);
     }
 
+    /// A delivery arrived with properties the frame guard rewrote.
+    pub(crate) fn pruned(&self, cause: crate::broker::guard::Cause) {
+        let [consumer, queue] = self.labels();
+        metrics::counter!(
+            "consumer_pruned_messages_total",
+            &[consumer, queue, ("cause", cause.as_str().to_owned())]
+        )
+        .increment(1);
+    }
+
     pub(crate) fn slow_handler(&self) {
         metrics::counter!("consumer_slow_handlers_total", &self.labels()).increment(1);
     }

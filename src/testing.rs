@@ -298,6 +298,7 @@ impl<S: OutboxStore> TestConsumer<S> {
             redelivered: false,
             properties,
             body: body.into(),
+            pruned: None,
         })
         .await
     }
@@ -375,6 +376,7 @@ impl<S: OutboxStore> TestConsumer<S> {
             redelivered: false,
             properties: copy.properties,
             body: copy.body,
+            pruned: None,
         })
         .await
     }
@@ -432,6 +434,7 @@ impl<S: OutboxStore> TestConsumer<S> {
             redelivered,
             properties,
             body: message.body(),
+            pruned: None,
         }
     }
 

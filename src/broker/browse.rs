@@ -9,6 +9,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
 use lapin::{Channel, Connection};
 
+use super::guard::{Pruned, take_pruned};
 use super::{BrokerError, close_channel, deadline, inspect_queue, short};
 
 /// How long closing a walk waits for the broker to put back what it held.
@@ -40,8 +41,9 @@ impl<'c> Browse<'c> {
         })
     }
 
-    /// The next message, held until the walk closes unless acked.
-    pub(crate) async fn next(&self) -> Result<Option<Delivery>, BrokerError> {
+    /// The next message, held until the walk closes unless acked, with what
+    /// the frame guard removed from it (taken off its properties).
+    pub(crate) async fn next(&self) -> Result<Option<(Delivery, Option<Pruned>)>, BrokerError> {
         if self
             .remaining
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
@@ -55,7 +57,11 @@ impl<'c> Browse<'c> {
                 .basic_get(self.queue.as_str().into(), BasicGetOptions::default()),
         )
         .await?
-        .map(|got| got.delivery))
+        .map(|got| {
+            let mut delivery = got.delivery;
+            let pruned = take_pruned(&mut delivery.properties);
+            (delivery, pruned)
+        }))
     }
 
     /// Removes `delivery` from the queue.

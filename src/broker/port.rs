@@ -14,6 +14,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 
 use super::acks::AckWatermark;
+use super::guard::{Pruned, take_pruned};
 use super::{BrokerError, Publisher, close_channel, deadline, short};
 
 /// The open deliveries of a subscription's channel, shared by the stream that
@@ -33,6 +34,9 @@ pub(crate) struct Delivery {
     pub(crate) redelivered: bool,
     pub(crate) properties: BasicProperties,
     pub(crate) body: Vec<u8>,
+    /// What the frame guard removed or replaced before the client read the
+    /// properties: such a delivery is dead-lettered, never applied.
+    pub(crate) pruned: Option<Pruned>,
 }
 
 impl Delivery {
@@ -47,7 +51,8 @@ impl Delivery {
 }
 
 impl From<lapin::message::Delivery> for Delivery {
-    fn from(d: lapin::message::Delivery) -> Self {
+    fn from(mut d: lapin::message::Delivery) -> Self {
+        let pruned = take_pruned(&mut d.properties);
         Self {
             tag: d.delivery_tag,
             exchange: d.exchange.to_string(),
@@ -55,6 +60,7 @@ impl From<lapin::message::Delivery> for Delivery {
             redelivered: d.redelivered,
             properties: d.properties,
             body: d.data,
+            pruned,
         }
     }
 }

@@ -89,6 +89,7 @@ mod tests {
             redelivered: false,
             properties: Default::default(),
             body: Vec::new(),
+            pruned: None,
         }
     }
 

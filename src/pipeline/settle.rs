@@ -12,8 +12,9 @@ use crate::dead_letter::{DeadLetterInfo, MAX_ERROR_LEN};
 use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
 use crate::headers::{
-    self, HEADER_ATTEMPT, HEADER_ENTITY, HEADER_FIRST_FAILURE, HEADER_GAP_SINCE, HEADER_LAST_ERROR,
-    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_VERSION,
+    self, HEADER_ATTEMPT, HEADER_DROPPED, HEADER_ENTITY, HEADER_FIRST_FAILURE, HEADER_GAP_SINCE,
+    HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY,
+    HEADER_PRUNED_DIGEST, HEADER_VERSION,
 };
 use crate::store::Store;
 use crate::telemetry::Outcome;
@@ -67,8 +68,11 @@ impl<S: Store> Pipeline<S> {
                 let properties = self.seal(
                     port,
                     with_version(
-                        self.dead_letter_record(delivery, reason, &error, attempts)
-                            .apply_to(&headers::copy_base(&delivery.properties, false)),
+                        with_pruned(
+                            self.dead_letter_record(delivery, reason, &error, attempts)
+                                .apply_to(&headers::copy_base(&delivery.properties, false)),
+                            delivery,
+                        ),
                         gated,
                     ),
                 );
@@ -346,6 +350,20 @@ fn with_version(properties: BasicProperties, gated: Option<&(String, i64)>) -> B
     let mut headers = properties.headers().clone().unwrap_or_default();
     headers.insert(HEADER_ENTITY.into(), text(truncate(entity, MAX_ERROR_LEN)));
     headers.insert(HEADER_VERSION.into(), AMQPValue::LongLongInt(*version));
+    properties.with_headers(headers)
+}
+
+/// `properties` with what the frame guard removed from the delivery: the
+/// names of the headers and the digest of the bytes.
+fn with_pruned(properties: BasicProperties, delivery: &Delivery) -> BasicProperties {
+    let Some(pruned) = &delivery.pruned else {
+        return properties;
+    };
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    if !pruned.removed.is_empty() {
+        headers.insert(HEADER_DROPPED.into(), text(&pruned.removed));
+    }
+    headers.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
     properties.with_headers(headers)
 }
 

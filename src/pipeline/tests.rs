@@ -119,6 +119,7 @@ impl Fixture {
             redelivered,
             properties,
             body,
+            pruned: None,
         }
     }
 

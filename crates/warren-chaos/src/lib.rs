@@ -47,6 +47,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 mod broker_tools;
+pub mod hostile;
 #[cfg(test)]
 use broker_tools::run_tool;
 pub use broker_tools::{HashExchangePluginOff, QueuePolicy, close_all_connections, restart_broker};

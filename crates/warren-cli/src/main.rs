@@ -360,6 +360,9 @@ fn print_list(letters: &[DeadLetter], show_payload: bool) {
             last,
             error
         );
+        if let Some(p) = &l.pruned {
+            println!("  headers pruned on reading: {}", one_line(&p.detail, 160));
+        }
         if show_payload {
             print_payload(l);
         }
@@ -383,6 +386,17 @@ fn print_one(l: &DeadLetter, show_payload: bool) {
         println!("first fail: {}", time(i.first_failure));
         println!("last fail:  {}", time(i.last_failure));
         println!("error:      {}", printable(&i.error));
+    }
+    if let Some(p) = &l.pruned {
+        // Read through warren's frame guard: what it removed is not in the
+        // headers below.
+        println!(
+            "pruned:     {} on reading: {}",
+            p.cause,
+            printable(&p.detail)
+        );
+        println!("removed:    {}", printable(&p.removed));
+        println!("digest:     {}", printable(&p.digest));
     }
     if let Some(headers) = l.properties.headers() {
         println!("headers:");

@@ -1,0 +1,590 @@
+//! Reading one frame the way the AMQP client will, without building a value:
+//! content headers are walked with an explicit stack, counting depth, values
+//! and text that is not UTF-8; method frames that carry names a producer chose
+//! are checked for UTF-8. What the client could not read, or could read only by
+//! recursing past its stack, is rewritten; everything else is left byte for
+//! byte as the broker sent it.
+
+use std::ops::Range;
+
+use sha2::{Digest, Sha256};
+
+use super::{Cause, MAX_HEADER_DEPTH, MAX_HEADER_ENTRIES, marker_name};
+
+/// The content class every message travels in.
+const BASIC: u16 = 60;
+
+/// Bit of the `headers` property in the property flags.
+const HEADERS_BIT: u16 = 13;
+
+/// The basic class's properties, from the highest flag bit down, as the
+/// client parses them.
+const PROPERTIES: [(u16, Kind); 14] = [
+    (15, Kind::Short("content_type")),
+    (14, Kind::Short("content_encoding")),
+    (HEADERS_BIT, Kind::Table),
+    (12, Kind::Fixed(1)),
+    (11, Kind::Fixed(1)),
+    (10, Kind::Short("correlation_id")),
+    (9, Kind::Short("reply_to")),
+    (8, Kind::Short("expiration")),
+    (7, Kind::Short("message_id")),
+    (6, Kind::Fixed(8)),
+    (5, Kind::Short("type")),
+    (4, Kind::Short("user_id")),
+    (3, Kind::Short("app_id")),
+    (2, Kind::Short("cluster_id")),
+];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Short(&'static str),
+    Table,
+    Fixed(usize),
+}
+
+/// What a method frame left for the content header that follows it on the
+/// same channel: the names it carried that were not UTF-8, and their bytes.
+#[derive(Debug, Default)]
+pub(super) struct Carried {
+    fields: Vec<&'static str>,
+    original: Vec<u8>,
+}
+
+/// Replaces every byte of each invalid UTF-8 sequence in `bytes` with `?`, in
+/// place: the length stays, so the frame around it does too. True if anything
+/// was replaced.
+fn make_utf8(bytes: &mut [u8]) -> bool {
+    let mut changed = false;
+    let mut at = 0;
+    while let Err(e) = std::str::from_utf8(&bytes[at..]) {
+        let bad = at + e.valid_up_to();
+        let len = e.error_len().unwrap_or(bytes.len() - bad);
+        bytes[bad..bad + len].fill(b'?');
+        at = bad + len;
+        changed = true;
+    }
+    changed
+}
+
+/// Checks the short strings of a method frame payload (class, method,
+/// arguments) that name things a producer chose, and makes them UTF-8 in
+/// place. Returns what a following content header must report, for the
+/// methods that carry a message.
+pub(super) fn method(payload: &mut [u8]) -> Option<Carried> {
+    if payload.len() < 4 {
+        return None;
+    }
+    let class = u16::from_be_bytes([payload[0], payload[1]]);
+    let id = u16::from_be_bytes([payload[2], payload[3]]);
+    // (offset of the first short string, the fixed fields between strings)
+    let layout: &[Step] = match (class, id) {
+        // basic.deliver: consumer-tag, delivery-tag, redelivered, exchange, routing-key
+        (60, 60) => &[
+            Step::Short("consumer tag"),
+            Step::Skip(9),
+            Step::Short("exchange"),
+            Step::Short("routing key"),
+        ],
+        // basic.get-ok: delivery-tag, redelivered, exchange, routing-key, count
+        (60, 71) => &[
+            Step::Skip(9),
+            Step::Short("exchange"),
+            Step::Short("routing key"),
+        ],
+        // basic.return: reply-code, reply-text, exchange, routing-key
+        (60, 50) => &[
+            Step::Skip(2),
+            Step::Short("reply text"),
+            Step::Short("exchange"),
+            Step::Short("routing key"),
+        ],
+        // connection.close and channel.close: reply-code, reply-text, ...
+        (10, 50) | (20, 40) => &[Step::Skip(2), Step::Short("reply text")],
+        _ => return None,
+    };
+    let carries = class == BASIC;
+    let mut carried = Carried::default();
+    let mut at = 4;
+    for step in layout {
+        match *step {
+            Step::Skip(n) => at += n,
+            Step::Short(field) => {
+                let len = usize::from(*payload.get(at)?);
+                let text = payload.get_mut(at + 1..at + 1 + len)?;
+                let original = text.to_vec();
+                if make_utf8(text) {
+                    carried.fields.push(field);
+                    carried.original.extend_from_slice(&original);
+                }
+                at += 1 + len;
+            }
+        }
+    }
+    (carries && !carried.fields.is_empty()).then_some(carried)
+}
+
+enum Step {
+    Skip(usize),
+    Short(&'static str),
+}
+
+/// What walking one header value found.
+struct Walked {
+    /// Where the value ends.
+    end: usize,
+    /// Values in it, itself included (counted until it passes the limit).
+    values: usize,
+    too_deep: bool,
+    /// A table key in it is not UTF-8.
+    unreadable_key: bool,
+}
+
+/// The frame is not what AMQP allows: a length past its container, a type the
+/// client does not know. The broker refuses such frames from publishers, so
+/// one here is not a producer's doing; the whole headers table goes.
+struct Malformed;
+
+fn u32_at(p: &[u8], at: usize) -> Result<usize, Malformed> {
+    let bytes = p.get(at..at + 4).ok_or(Malformed)?;
+    Ok(u32::from_be_bytes(bytes.try_into().map_err(|_| Malformed)?) as usize)
+}
+
+/// Bytes a scalar of type `tag` takes after its tag, or `None` for a type
+/// whose length is prefixed (or that the client does not know).
+fn scalar_len(tag: u8) -> Option<usize> {
+    Some(match tag {
+        b't' | b'b' | b'B' => 1,
+        b's' | b'U' | b'u' => 2,
+        b'I' | b'i' | b'f' => 4,
+        b'l' | b'L' | b'd' | b'T' => 8,
+        b'D' => 5,
+        b'V' => 0,
+        _ => return None,
+    })
+}
+
+/// Walks the value of type `tag` at `at`, inside a container ending at
+/// `limit`, without recursion: an explicit stack of the open tables and arrays.
+fn walk_value(p: &[u8], mut at: usize, tag: u8, limit: usize) -> Result<Walked, Malformed> {
+    let mut walked = Walked {
+        end: 0,
+        values: 1,
+        too_deep: false,
+        unreadable_key: false,
+    };
+    let sized = |at: usize, len: usize| (at + len <= limit).then_some(at + len).ok_or(Malformed);
+    match tag {
+        b'S' | b'x' => {
+            walked.end = sized(at + 4, u32_at(p, at)?)?;
+            return Ok(walked);
+        }
+        b'F' | b'A' => {}
+        _ => {
+            walked.end = sized(at, scalar_len(tag).ok_or(Malformed)?)?;
+            return Ok(walked);
+        }
+    }
+    // (end, is a table) of every open container, the outermost first.
+    let mut open: Vec<(usize, bool)> = Vec::new();
+    let outer_end = sized(at + 4, u32_at(p, at)?)?;
+    open.push((outer_end, tag == b'F'));
+    at += 4;
+    while let Some(&(end, table)) = open.last() {
+        if at == end {
+            open.pop();
+            continue;
+        }
+        if table {
+            let len = usize::from(*p.get(at).ok_or(Malformed)?);
+            let key = p.get(at + 1..at + 1 + len).ok_or(Malformed)?;
+            if at + 1 + len > end {
+                return Err(Malformed);
+            }
+            walked.unreadable_key |= std::str::from_utf8(key).is_err();
+            at += 1 + len;
+        }
+        if at >= end {
+            return Err(Malformed);
+        }
+        let tag = p[at];
+        at += 1;
+        walked.values += 1;
+        match tag {
+            b'F' | b'A' => {
+                let inner_end = at + 4 + u32_at(p, at)?;
+                if inner_end > end {
+                    return Err(Malformed);
+                }
+                open.push((inner_end, tag == b'F'));
+                at += 4;
+                if open.len() > MAX_HEADER_DEPTH {
+                    // Nothing deeper is read: the whole header goes.
+                    walked.too_deep = true;
+                    walked.end = outer_end;
+                    return Ok(walked);
+                }
+            }
+            b'S' | b'x' => {
+                let len = u32_at(p, at)?;
+                at = (at + 4 + len <= end)
+                    .then_some(at + 4 + len)
+                    .ok_or(Malformed)?;
+            }
+            _ => {
+                let len = scalar_len(tag).ok_or(Malformed)?;
+                at = (at + len <= end).then_some(at + len).ok_or(Malformed)?;
+            }
+        }
+        if walked.values > MAX_HEADER_ENTRIES {
+            walked.end = outer_end;
+            return Ok(walked);
+        }
+    }
+    walked.end = outer_end;
+    Ok(walked)
+}
+
+/// One header of the headers table, as found.
+struct Entry {
+    /// Its bytes: name, type and value.
+    span: Range<usize>,
+    /// Where its name starts and ends inside the span.
+    name: Range<usize>,
+    values: usize,
+    verdict: Option<Cause>,
+}
+
+/// The findings on one content header, gathered before anything is written.
+#[derive(Default)]
+struct Findings {
+    /// Property names whose text was not UTF-8 (replaced in the rewrite).
+    fields: Vec<&'static str>,
+    /// Headers removed, by cause, with their names as found.
+    removed: Vec<(Cause, Vec<u8>)>,
+    /// The whole headers table could not be read.
+    malformed_headers: bool,
+    /// Every byte removed or replaced, in frame order, for the digest.
+    digest: Sha256,
+}
+
+impl Findings {
+    fn any(&self) -> bool {
+        !self.fields.is_empty() || !self.removed.is_empty() || self.malformed_headers
+    }
+
+    /// The most serious cause found: depth first, then the count, then text.
+    fn cause(&self) -> Cause {
+        let mut causes: Vec<Cause> = self.removed.iter().map(|(c, _)| *c).collect();
+        if self.malformed_headers || !self.fields.is_empty() {
+            causes.push(Cause::Unreadable);
+        }
+        causes.into_iter().min().unwrap_or(Cause::Unreadable)
+    }
+}
+
+/// Inspects a content header frame's payload. `None` when the client can read
+/// it as it is (the common case: nothing is copied); otherwise the payload to
+/// pass on instead, with what was removed or replaced reported in the guard's
+/// marker header. `frame_max` bounds the whole rewritten frame.
+pub(super) fn content_header(
+    payload: &[u8],
+    carried: Option<Carried>,
+    frame_max: usize,
+) -> Option<Vec<u8>> {
+    if payload.len() < 14 || u16::from_be_bytes([payload[0], payload[1]]) != BASIC {
+        return None;
+    }
+    let flags = u16::from_be_bytes([payload[12], payload[13]]);
+    if flags & 1 != 0 {
+        // A second flag word: not something RabbitMQ sends, nor the client reads.
+        return None;
+    }
+    let mut findings = Findings::default();
+    if let Some(carried) = &carried {
+        findings.fields.extend(&carried.fields);
+        findings.digest.update(&carried.original);
+    }
+    // Each present property's span, and the headers table's entries.
+    let mut spans: Vec<(u16, Kind, Range<usize>)> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut at = 14;
+    for (bit, kind) in PROPERTIES {
+        if flags & (1 << bit) == 0 {
+            continue;
+        }
+        let len = match kind {
+            Kind::Short(_) => 1 + usize::from(*payload.get(at)?),
+            Kind::Table => 4 + u32_at(payload, at).ok()?,
+            Kind::Fixed(n) => n,
+        };
+        let span = at..at + len;
+        let bytes = payload.get(span.clone())?;
+        match kind {
+            Kind::Short(name) if std::str::from_utf8(&bytes[1..]).is_err() => {
+                findings.fields.push(name);
+                findings.digest.update(&bytes[1..]);
+            }
+            Kind::Table => match headers(payload, span.start + 4..span.end) {
+                Ok(found) => entries = found,
+                Err(Malformed) => {
+                    findings.malformed_headers = true;
+                    findings.digest.update(&bytes[4..]);
+                }
+            },
+            _ => {}
+        }
+        spans.push((bit, kind, span));
+        at += len;
+    }
+    let mut kept = 0usize;
+    for entry in &mut entries {
+        if entry.verdict.is_none() {
+            if kept + entry.values > MAX_HEADER_ENTRIES {
+                entry.verdict = Some(Cause::TooMany);
+            } else {
+                kept += entry.values;
+            }
+        }
+        if let Some(cause) = entry.verdict {
+            findings
+                .removed
+                .push((cause, payload[entry.name.clone()].to_vec()));
+            findings.digest.update(&payload[entry.span.clone()]);
+        }
+    }
+    if !findings.any() {
+        return None;
+    }
+    Some(rewrite(
+        payload,
+        flags,
+        &spans,
+        &mut entries,
+        findings,
+        frame_max,
+    ))
+}
+
+/// The entries of a headers table spanning `region` (after its length).
+fn headers(p: &[u8], region: Range<usize>) -> Result<Vec<Entry>, Malformed> {
+    let mut entries = Vec::new();
+    let mut at = region.start;
+    while at < region.end {
+        let start = at;
+        let len = usize::from(p[at]);
+        let name = at + 1..at + 1 + len;
+        if name.end >= region.end {
+            return Err(Malformed);
+        }
+        let tag = p[name.end];
+        let walked = walk_value(p, name.end + 1, tag, region.end)?;
+        let verdict = if walked.too_deep {
+            Some(Cause::TooDeep)
+        } else if walked.values > MAX_HEADER_ENTRIES {
+            Some(Cause::TooMany)
+        } else if walked.unreadable_key || std::str::from_utf8(&p[name.clone()]).is_err() {
+            Some(Cause::Unreadable)
+        } else {
+            None
+        };
+        entries.push(Entry {
+            span: start..walked.end,
+            name,
+            values: walked.values,
+            verdict,
+        });
+        at = walked.end;
+    }
+    Ok(entries)
+}
+
+/// Most bytes of the detail and of the list of removed names in the marker:
+/// it must fit beside the other properties in the smallest frame AMQP allows.
+const MAX_DETAIL: usize = 300;
+const MAX_NAMES: usize = 400;
+
+/// The payload rebuilt: every property as it was but for text made UTF-8 and
+/// the removed headers, with the marker added to the headers table.
+fn rewrite(
+    payload: &[u8],
+    flags: u16,
+    spans: &[(u16, Kind, Range<usize>)],
+    entries: &mut [Entry],
+    findings: Findings,
+    frame_max: usize,
+) -> Vec<u8> {
+    let write = |entries: &[Entry], findings: &Findings, marker: &[u8]| {
+        let mut out = Vec::with_capacity(payload.len() + marker.len() + 8);
+        out.extend_from_slice(&payload[..12]);
+        out.extend_from_slice(&(flags | 1 << HEADERS_BIT).to_be_bytes());
+        let table = |out: &mut Vec<u8>| {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            if !findings.malformed_headers {
+                for e in entries.iter().filter(|e| e.verdict.is_none()) {
+                    out.extend_from_slice(&payload[e.span.clone()]);
+                }
+            }
+            out.extend_from_slice(marker);
+            let len = (out.len() - at - 4) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        };
+        let mut wrote_table = false;
+        for (bit, kind, span) in spans {
+            if *bit <= HEADERS_BIT && !wrote_table {
+                table(&mut out);
+                wrote_table = true;
+            }
+            match kind {
+                Kind::Table => {}
+                Kind::Short(_) => {
+                    let start = out.len();
+                    out.extend_from_slice(&payload[span.clone()]);
+                    make_utf8(&mut out[start + 1..]);
+                }
+                Kind::Fixed(_) => out.extend_from_slice(&payload[span.clone()]),
+            }
+        }
+        if !wrote_table {
+            table(&mut out);
+        }
+        out
+    };
+    let mut findings = findings;
+    loop {
+        let marker = marker(&findings);
+        let out = write(entries, &findings, &marker);
+        // The frame around the payload: type, channel, size, and the end byte.
+        if out.len() + 8 <= frame_max {
+            return out;
+        }
+        // Only a table near the frame limit gets here (the marker adds a few
+        // hundred bytes): the largest header left goes, until it fits.
+        let largest = entries
+            .iter_mut()
+            .filter(|e| e.verdict.is_none())
+            .max_by_key(|e| e.span.len());
+        match largest {
+            Some(e) => {
+                e.verdict = Some(Cause::TooMany);
+                findings
+                    .removed
+                    .push((Cause::TooMany, payload[e.name.clone()].to_vec()));
+                findings.digest.update(&payload[e.span.clone()]);
+            }
+            None => return out,
+        }
+    }
+}
+
+/// The guard's marker entry: its name, then a table of cause, detail, the
+/// names removed and the digest of every byte removed or replaced.
+fn marker(findings: &Findings) -> Vec<u8> {
+    let cause = findings.cause();
+    let mut detail = Vec::new();
+    let names = |cause: Cause| {
+        findings
+            .removed
+            .iter()
+            .filter(move |(c, _)| *c == cause)
+            .map(|(_, n)| shown(n))
+            .collect::<Vec<_>>()
+    };
+    let deep = names(Cause::TooDeep);
+    if !deep.is_empty() {
+        detail.push(format!(
+            "{} more than {MAX_HEADER_DEPTH} tables or arrays deep: removed",
+            list(&deep, "nests", "nest")
+        ));
+    }
+    let many = names(Cause::TooMany);
+    if !many.is_empty() {
+        detail.push(format!(
+            "{} the headers past {MAX_HEADER_ENTRIES} values or the frame: removed",
+            list(&many, "takes", "take")
+        ));
+    }
+    let unreadable = names(Cause::Unreadable);
+    if !unreadable.is_empty() {
+        detail.push(format!(
+            "{} a name that is not UTF-8: removed",
+            list(&unreadable, "has", "have")
+        ));
+    }
+    if findings.malformed_headers {
+        detail.push("the headers table is not valid AMQP: removed".to_owned());
+    }
+    if !findings.fields.is_empty() {
+        detail.push(format!(
+            "{} not UTF-8: each bad byte replaced by ?",
+            findings.fields.join(", ")
+        ));
+    }
+    let detail = detail.join("; ");
+    let removed: Vec<String> = findings.removed.iter().map(|(_, n)| shown(n)).collect();
+    let digest: String = findings
+        .digest
+        .clone()
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut table = Vec::new();
+    let mut field = |key: &str, value: &str| {
+        table.push(key.len() as u8);
+        table.extend_from_slice(key.as_bytes());
+        table.push(b'S');
+        table.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        table.extend_from_slice(value.as_bytes());
+    };
+    field("cause", cause.as_str());
+    field("detail", cut(&detail, MAX_DETAIL));
+    field("removed", cut(&removed.join(", "), MAX_NAMES));
+    field("digest", &format!("sha256:{digest}"));
+    let name = marker_name();
+    let mut out = Vec::with_capacity(table.len() + name.len() + 6);
+    out.push(name.len() as u8);
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'F');
+    out.extend_from_slice(&(table.len() as u32).to_be_bytes());
+    out.extend_from_slice(&table);
+    out
+}
+
+/// "header a nests" or "3 headers (a, b, c) nest".
+fn list(names: &[String], one_verb: &str, many_verb: &str) -> String {
+    match names {
+        [one] => format!("header {one} {one_verb}"),
+        many => format!("{} headers ({}) {many_verb}", many.len(), many.join(", ")),
+    }
+}
+
+/// A header name as found, quoted, with bytes that are not printable UTF-8
+/// escaped: it goes into a header that operators read.
+fn shown(name: &[u8]) -> String {
+    let text: String = name
+        .utf8_chunks()
+        .flat_map(|chunk| {
+            let valid = chunk.valid().chars().map(|c| {
+                if c.is_control() || c == '"' || c == '\\' {
+                    c.escape_default().collect::<String>()
+                } else {
+                    c.to_string()
+                }
+            });
+            let invalid = chunk.invalid().iter().map(|b| format!("\\x{b:02x}"));
+            valid.chain(invalid).collect::<Vec<_>>()
+        })
+        .collect();
+    format!("\"{}\"", cut(&text, 64))
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    crate::amqp::truncate(s, max)
+}
+
+#[cfg(test)]
+#[path = "inspect_tests.rs"]
+mod tests;
