@@ -313,3 +313,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
         Pin::new(&mut self.inner).poll_close(cx)
     }
 }
+
+#[cfg(test)]
+#[path = "frames_tests.rs"]
+mod tests;

@@ -245,6 +245,10 @@ fn walk_value(p: &[u8], mut at: usize, tag: u8, limit: usize) -> Result<Walked, 
     Ok(walked)
 }
 
+/// How many of warren's own scalar headers are not counted toward
+/// [`MAX_HEADER_ENTRIES`]: its record on a copy takes about 20.
+const RECORD_EXEMPT: usize = 64;
+
 /// One header of the headers table, as found.
 struct Entry {
     /// Its bytes: name, type and value.
@@ -252,6 +256,9 @@ struct Entry {
     /// Where its name starts and ends inside the span.
     name: Range<usize>,
     values: usize,
+    /// One of warren's own scalar headers (`x-warren-*`, not a table or an
+    /// array): the record warren adds to its copies, which is not counted.
+    record: bool,
     verdict: Option<Cause>,
 }
 
@@ -338,8 +345,14 @@ pub(super) fn content_header(
         at += len;
     }
     let mut kept = 0usize;
+    let mut exempt = 0usize;
     for entry in &mut entries {
-        if entry.verdict.is_none() {
+        if entry.verdict.is_none() && entry.record && exempt < RECORD_EXEMPT {
+            // A copy warren published (a retry, a dead letter) carries its
+            // record beside the producer's headers; a message within the
+            // limits stays within them on every copy.
+            exempt += 1;
+        } else if entry.verdict.is_none() {
             if kept + entry.values > MAX_HEADER_ENTRIES {
                 entry.verdict = Some(Cause::TooMany);
             } else {
@@ -390,6 +403,7 @@ fn headers(p: &[u8], region: Range<usize>) -> Result<Vec<Entry>, Malformed> {
         };
         entries.push(Entry {
             span: start..walked.end,
+            record: p[name.clone()].starts_with(b"x-warren-") && !matches!(tag, b'F' | b'A'),
             name,
             values: walked.values,
             verdict,

@@ -242,6 +242,30 @@ fn headers_past_the_value_limit_are_removed_in_order() {
 }
 
 #[test]
+fn warrens_own_record_on_a_copy_is_not_counted() {
+    // A producer's headers at the limit, with the record a retry copy adds.
+    let at_limit = (0..MAX_HEADER_ENTRIES).fold(Properties::default(), |p, n| {
+        p.header(format!("h{n:05}"), Value::void())
+    });
+    let copy = [
+        "x-warren-attempt",
+        "x-warren-last-error",
+        "x-warren-first-failure",
+        "x-warren-last-failure",
+        "x-warren-original-exchange",
+        "x-warren-original-routing-key",
+        "x-warren-signature",
+    ]
+    .into_iter()
+    .fold(at_limit, |p, name| p.header(name, Value::long_string("v")));
+    assert_eq!(content_header(&payload(&copy), None, FRAME_MAX), None);
+    // Tables of that name count like any other header: a producer can set them.
+    let forged = copy.header("x-warren-unverified", Value::table([("a", Value::void())]));
+    let (_, pruned) = guarded(&forged);
+    assert_eq!(pruned.unwrap().removed, "\"x-warren-unverified\"");
+}
+
+#[test]
 fn text_that_is_not_utf8_is_replaced_byte_for_byte() {
     let p = Properties::default()
         .message_id([b'a', 0xff, 0xfe, b'b'])
