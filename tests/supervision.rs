@@ -54,7 +54,7 @@ async fn a_handler_nearing_the_consumer_timeout_is_reported<B: Backend>() {
     db.drop_db().await;
 }
 
-fn recorder() -> &'static PrometheusHandle {
+pub(crate) fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         PrometheusBuilder::new()
@@ -64,7 +64,7 @@ fn recorder() -> &'static PrometheusHandle {
 }
 
 /// The value of the series `name` whose labels contain all of `labels`.
-fn value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+pub(crate) fn value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))

@@ -14,6 +14,7 @@ mod blame;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod failures;
+mod frames;
 mod hostile;
 mod inbox;
 #[cfg(feature = "testing")]

@@ -51,10 +51,18 @@ pub const MAX_HEADER_DEPTH: usize = 32;
 /// The most values a message's headers may hold in all, every level counted
 /// (each header, each element of an array, each entry of a nested table).
 /// With the frame's bytes, this bounds what one message's headers take in
-/// memory once parsed to about 1 MB. warren's own record on the copies it
-/// publishes (up to 64 scalar `x-warren-*` headers) is not counted, so a
-/// message within the limit stays within it when retried or dead-lettered.
+/// memory once parsed to about 1 MB. The headers warren and the broker
+/// write on copies are counted apart ([`MAX_RECORD_ENTRIES`]), so a message
+/// within the limit stays within it when retried or dead-lettered.
 pub const MAX_HEADER_ENTRIES: usize = 10_000;
+
+/// The most values the headers named by warren (`x-warren-*`) and by the
+/// broker (`x-death`, `x-first-death-*`, `x-last-death-*`,
+/// `x-delivery-count`, `x-acquired-count`) may hold, besides
+/// [`MAX_HEADER_ENTRIES`]. warren's record on a copy takes about 20 values,
+/// the broker's `x-death` about 10 per queue a message died in; past this
+/// budget such headers count toward the other.
+pub const MAX_RECORD_ENTRIES: usize = 1_000;
 
 /// Why the guard rewrote a message's properties.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -9,7 +9,8 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 
-use super::{Cause, MAX_HEADER_DEPTH, MAX_HEADER_ENTRIES, marker_name};
+use super::{Cause, MAX_HEADER_DEPTH, MAX_HEADER_ENTRIES, MAX_RECORD_ENTRIES, marker_name};
+use crate::headers::BROKER_HEADERS;
 
 /// The content class every message travels in.
 const BASIC: u16 = 60;
@@ -245,9 +246,11 @@ fn walk_value(p: &[u8], mut at: usize, tag: u8, limit: usize) -> Result<Walked, 
     Ok(walked)
 }
 
-/// How many of warren's own scalar headers are not counted toward
-/// [`MAX_HEADER_ENTRIES`]: its record on a copy takes about 20.
-const RECORD_EXEMPT: usize = 64;
+/// True for a header name warren or the broker writes on the copies of a
+/// message.
+fn is_record(name: &[u8]) -> bool {
+    name.starts_with(b"x-warren-") || BROKER_HEADERS.iter().any(|b| b.as_bytes() == name)
+}
 
 /// One header of the headers table, as found.
 struct Entry {
@@ -256,8 +259,9 @@ struct Entry {
     /// Where its name starts and ends inside the span.
     name: Range<usize>,
     values: usize,
-    /// One of warren's own scalar headers (`x-warren-*`, not a table or an
-    /// array): the record warren adds to its copies, which is not counted.
+    /// Named by warren (`x-warren-*`) or the broker (`x-death`, ...): the
+    /// record a copy carries beside the producer's headers, which is counted
+    /// apart.
     record: bool,
     verdict: Option<Cause>,
 }
@@ -344,19 +348,18 @@ pub(super) fn content_header(
         spans.push((bit, kind, span));
         at += len;
     }
-    let mut kept = 0usize;
-    let mut exempt = 0usize;
+    // A copy warren published (a retry, a dead letter) carries warren's
+    // record and, back from a retry tier, the broker's: counted apart, so a
+    // message within the limits stays within them on every copy.
+    let (mut kept, mut recorded) = (0usize, 0usize);
     for entry in &mut entries {
-        if entry.verdict.is_none() && entry.record && exempt < RECORD_EXEMPT {
-            // A copy warren published (a retry, a dead letter) carries its
-            // record beside the producer's headers; a message within the
-            // limits stays within them on every copy.
-            exempt += 1;
-        } else if entry.verdict.is_none() {
-            if kept + entry.values > MAX_HEADER_ENTRIES {
-                entry.verdict = Some(Cause::TooMany);
-            } else {
+        if entry.verdict.is_none() {
+            if entry.record && recorded + entry.values <= MAX_RECORD_ENTRIES {
+                recorded += entry.values;
+            } else if kept + entry.values <= MAX_HEADER_ENTRIES {
                 kept += entry.values;
+            } else {
+                entry.verdict = Some(Cause::TooMany);
             }
         }
         if let Some(cause) = entry.verdict {
@@ -403,7 +406,7 @@ fn headers(p: &[u8], region: Range<usize>) -> Result<Vec<Entry>, Malformed> {
         };
         entries.push(Entry {
             span: start..walked.end,
-            record: p[name.clone()].starts_with(b"x-warren-") && !matches!(tag, b'F' | b'A'),
+            record: is_record(&p[name.clone()]),
             name,
             values: walked.values,
             verdict,

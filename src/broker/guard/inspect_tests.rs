@@ -3,7 +3,9 @@ use lapin::types::AMQPValue;
 use sha2::{Digest, Sha256};
 use warren_chaos::hostile::{Properties, Value};
 
-use super::super::{Cause, MAX_HEADER_DEPTH, MAX_HEADER_ENTRIES, Pruned, take_pruned};
+use super::super::{
+    Cause, MAX_HEADER_DEPTH, MAX_HEADER_ENTRIES, MAX_RECORD_ENTRIES, Pruned, take_pruned,
+};
 use super::{content_header, method};
 
 const FRAME_MAX: usize = 128 * 1024;
@@ -258,9 +260,16 @@ fn warrens_own_record_on_a_copy_is_not_counted() {
     ]
     .into_iter()
     .fold(at_limit, |p, name| p.header(name, Value::long_string("v")));
+    // Back from a retry tier, with the broker's record too.
+    let copy = copy
+        .header("x-death", x_death())
+        .header("x-first-death-queue", Value::long_string("q.retry.5s"));
     assert_eq!(content_header(&payload(&copy), None, FRAME_MAX), None);
-    // Tables of that name count like any other header: a producer can set them.
-    let forged = copy.header("x-warren-unverified", Value::table([("a", Value::void())]));
+    // Past its own budget, the record counts with the rest.
+    let forged = copy.header(
+        "x-warren-unverified",
+        Value::array((0..MAX_RECORD_ENTRIES).map(|_| Value::void())),
+    );
     let (_, pruned) = guarded(&forged);
     assert_eq!(pruned.unwrap().removed, "\"x-warren-unverified\"");
 }
