@@ -1,7 +1,8 @@
 //! Partitioned consumption at its edges: a hash ring that no longer matches its
 //! partition queues stops the start, a ring the broker rebuilt in another order
 //! costs a hop but neither a message nor the order, a partition key that cannot be hashed as
-//! producers are told is dead-lettered, partitions move between instances by
+//! producers are told is dead-lettered (and so is a message whose headers the
+//! frame guard had to prune, wherever it arrived), partitions move between instances by
 //! lease and are given back on a graceful stop, every partition queue has a
 //! single active consumer under the leases, a broker without the hash exchange
 //! plugin stops the start with the command that enables it; and ordered lanes
@@ -414,6 +415,50 @@ async fn a_missing_or_ill_typed_partition_key_is_dead_lettered<B: Backend>() {
         )
         .await
         .unwrap();
+    // A good key beside a header nested far too deep for the client to read:
+    // one through the ring, one put straight on a partition it does not hash
+    // to. Neither is applied nor sent on (the key could have been among what
+    // the frame guard removed); both are dead-lettered where they arrived.
+    let mut hostile = warren_chaos::hostile::RawPublisher::connect(&amqp_url())
+        .await
+        .unwrap();
+    let deep = update("cus_deep", 1);
+    let astray = update("cus_astray", 1);
+    let home = warren::partition::partition_of(b"cus_astray", 4);
+    for (message, key, exchange, routing_key) in [
+        (
+            &deep,
+            "cus_deep",
+            broker.exchange.clone(),
+            UPDATE.to_owned(),
+        ),
+        (
+            &astray,
+            "cus_astray",
+            String::new(),
+            format!("{}.{}", broker.queue, (home + 1) % 4),
+        ),
+    ] {
+        let p = warren_chaos::hostile::Properties::default()
+            .message_id(&message.meta().message_id)
+            .content_type("application/json")
+            .header(
+                "partition-key",
+                warren_chaos::hostile::Value::long_string(key),
+            )
+            .header(
+                "h",
+                warren_chaos::hostile::Value::nested_tables(
+                    2_000,
+                    warren_chaos::hostile::Value::void(),
+                ),
+            );
+        hostile
+            .publish(exchange, routing_key, &p, &message.body())
+            .await
+            .unwrap();
+    }
+    hostile.close().await;
     let valid = update("cus_valid", 1);
     broker
         .publisher
@@ -422,13 +467,17 @@ async fn a_missing_or_ill_typed_partition_key_is_dead_lettered<B: Backend>() {
         .unwrap();
 
     assert!(
-        running.settled(3, Duration::from_secs(30)).await,
+        running.settled(5, Duration::from_secs(30)).await,
         "{:?}",
         running.stats.snapshot()
     );
     let s = running.stats.snapshot();
     running.stop().await.unwrap();
-    assert_eq!((s.applied, s.dead_lettered), (1, 2), "{s:?}");
+    assert_eq!(
+        (s.applied, s.dead_lettered, s.forwarded),
+        (1, 4, 0),
+        "{s:?}"
+    );
 
     let mut dead = BTreeMap::new();
     for i in 0..4 {
@@ -459,12 +508,19 @@ async fn a_missing_or_ill_typed_partition_key_is_dead_lettered<B: Backend>() {
         dead.keys().cloned().collect::<BTreeSet<_>>(),
         BTreeSet::from([
             missing.meta().message_id.clone(),
-            numeric.meta().message_id.clone()
+            numeric.meta().message_id.clone(),
+            deep.meta().message_id.clone(),
+            astray.meta().message_id.clone(),
         ]),
         "{dead:?}"
     );
-    for (reason, error) in dead.values() {
+    for message in [&missing, &numeric] {
+        let (reason, error) = &dead[&message.meta().message_id];
         assert_eq!(reason, "invalid-partition-key", "{error}");
+    }
+    for message in [&deep, &astray] {
+        let (reason, error) = &dead[&message.meta().message_id];
+        assert_eq!(reason, "headers-too-deep", "{error}");
     }
     let (_, error) = &dead[&numeric.meta().message_id];
     assert!(error.contains("long string"), "{error}");
