@@ -509,6 +509,117 @@ async fn dlq_output_escapes_control_characters() {
     broker.cleanup().await;
 }
 
+/// A dead-letter queue holding letters the AMQP client cannot read as sent
+/// (put there by the broker or a producer, never by warren's consumer):
+/// headers nested thousands of levels deep, text that is not UTF-8. Listing,
+/// showing and replaying them works, shows what was removed on reading, and
+/// loses no letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_tools_survive_letters_the_client_cannot_read() {
+    use warren_chaos::hostile::{NESTED_TABLE_LEVEL, Properties, RawPublisher, Value};
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let mut producer = RawPublisher::connect(&amqp_url()).await.unwrap();
+    let id = |case: &str| format!("{}-{case}", broker.name);
+    let letter = |case: &str| {
+        Properties::default()
+            .message_id(id(case))
+            .content_type("application/json")
+            .header("tenant", Value::long_string("acme"))
+    };
+    let room = producer.frame_max() - letter("deepest").frame_len() - 2 - 1;
+    let letters = [
+        ("valid", letter("valid")),
+        (
+            "deep",
+            letter("deep").header("h", Value::nested_tables(2_000, Value::void())),
+        ),
+        (
+            "deepest",
+            letter("deepest").header(
+                "h",
+                Value::nested_tables(room / NESTED_TABLE_LEVEL, Value::void()),
+            ),
+        ),
+        (
+            "arrays",
+            letter("arrays").header("h", Value::nested_arrays(20_000, Value::void())),
+        ),
+        ("name", letter("name").header([0xff], Value::long(1))),
+    ];
+    for (case, p) in &letters {
+        producer
+            .publish("", broker.dead_letter_queue(), p, b"{}")
+            .await
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+    }
+    // And one whose id is not UTF-8: it is listed as `...?`.
+    let mut bent = id("bent-id").into_bytes();
+    bent.push(0xfe);
+    producer
+        .publish(
+            "",
+            broker.dead_letter_queue(),
+            &Properties::default().message_id(bent),
+            b"{}",
+        )
+        .await
+        .unwrap();
+    producer.close().await;
+    let q = broker.queue.as_str();
+
+    if std::env::var_os("KEEP").is_some() {
+        eprintln!("QUEUE {q}");
+        return;
+    }
+    let out = warren(&["dlq", "list", q]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("6 dead letter(s)"), "{stdout}");
+    assert_eq!(
+        stdout.matches("headers pruned on reading").count(),
+        5,
+        "{stdout}"
+    );
+    assert!(stdout.contains(&format!("{}?", id("bent-id"))), "{stdout}");
+    assert_eq!(
+        broker.ready(&broker.dead_letter_queue()).await,
+        6,
+        "nothing lost"
+    );
+
+    let out = warren(&["dlq", "show", q, &id("deepest")]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("pruned:     headers-too-deep"), "{stdout}");
+    assert!(stdout.contains("removed:    \"h\""), "{stdout}");
+    assert!(stdout.contains("digest:     sha256:"), "{stdout}");
+    assert!(stdout.contains("tenant"), "{stdout}");
+
+    let out = warren(&["dlq", "replay", q, "--all"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
+    let replayed = broker.drain(q).await;
+    assert_eq!(replayed.len(), 6, "every letter replayed");
+    for d in &replayed {
+        let headers = d.properties.headers().clone().unwrap_or_default();
+        let id = d.properties.message_id().clone().unwrap().to_string();
+        assert!(!headers.contains_key("h"), "{id}");
+        if ["deep", "deepest", "arrays"]
+            .iter()
+            .any(|c| id.ends_with(&format!("-{c}")))
+        {
+            assert_eq!(
+                warren::amqp::header_str(&headers, warren::headers::HEADER_DROPPED).as_deref(),
+                Some("\"h\""),
+                "{id}: the copy says what was removed"
+            );
+        }
+    }
+    broker.cleanup().await;
+}
+
 /// Regression (issue 10): `inbox purge --older-than 100000000d` panicked on date
 /// overflow; a huge number of days overflowed a sum.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,10 @@ const FRAMING: usize = 8;
 const FRAME_MIN_SIZE: usize = 4096;
 /// What one read from the socket asks for.
 const READ_CHUNK: usize = 64 * 1024;
+/// A content header up to this many times the negotiated frame size is read
+/// whole (the broker sends one past the size when it adds headers to a
+/// redelivery); a larger one is not read at all but replaced.
+pub(super) const UNREAD_PAST: usize = 4;
 
 /// Where the guard is in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +38,9 @@ enum At {
     /// Inside a frame that passes through as it comes (a body, a heartbeat):
     /// this many bytes of it are still to come.
     Passing(usize),
+    /// Inside a content header too large to read: this many bytes of it are
+    /// still to be dropped (a report stands in for it).
+    Dropping(usize),
     /// Not AMQP frames (a refusal's protocol header): everything passes.
     Raw,
 }
@@ -107,6 +114,16 @@ impl<S> FrameGuard<S> {
                     }
                     self.at = At::Frame;
                 }
+                At::Dropping(left) => {
+                    let n = left.min(available);
+                    self.buf.copy_within(self.ready + n..self.end, self.ready);
+                    self.end -= n;
+                    if n < left {
+                        self.at = At::Dropping(left - n);
+                        return;
+                    }
+                    self.at = At::Frame;
+                }
                 At::Frame => {
                     if available < 7 {
                         return;
@@ -116,15 +133,26 @@ impl<S> FrameGuard<S> {
                     let channel = u16::from_be_bytes([head[1], head[2]]);
                     let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
                     let whole = size + FRAMING;
-                    // Frames past the negotiated size are the client's to refuse.
-                    if !matches!(kind, METHOD | HEADER) || whole > self.frame_max {
+                    let read_whole = match kind {
+                        HEADER => self.frame_max.saturating_mul(UNREAD_PAST),
+                        // A method frame past the negotiated size is the
+                        // client's to refuse; none carries a message's text.
+                        METHOD => self.frame_max,
+                        _ => 0,
+                    };
+                    if whole <= read_whole {
+                        if available < whole {
+                            return;
+                        }
+                        self.inspect(kind, channel, whole);
+                    } else if kind == HEADER {
+                        if available < 7 + 12 {
+                            return;
+                        }
+                        self.replace_unread(channel, whole);
+                    } else {
                         self.at = At::Passing(whole);
-                        continue;
                     }
-                    if available < whole {
-                        return;
-                    }
-                    self.inspect(kind, channel, whole);
                 }
             }
         }
@@ -158,6 +186,26 @@ impl<S> FrameGuard<S> {
         frame.push(0xCE);
         self.splice(self.ready..self.ready + whole, &frame);
         self.ready += frame.len();
+    }
+
+    /// Puts a report in place of the content header at `ready`, `whole`
+    /// bytes long, too large to read: only its class and body size are kept
+    /// (so the body frames that follow still make up the message), and the
+    /// rest of it is dropped as it arrives.
+    fn replace_unread(&mut self, channel: u16, whole: usize) {
+        let mut prefix = [0u8; 12];
+        prefix.copy_from_slice(&self.buf[self.ready + 7..self.ready + 19]);
+        let carried = self.carried.remove(&channel);
+        let payload = inspect::unread(&prefix, whole, carried);
+        let mut frame = Vec::with_capacity(payload.len() + FRAMING);
+        frame.push(HEADER);
+        frame.extend_from_slice(&channel.to_be_bytes());
+        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&payload);
+        frame.push(0xCE);
+        self.splice(self.ready..self.ready + 19, &frame);
+        self.ready += frame.len();
+        self.at = At::Dropping(whole - 19);
     }
 
     /// Reads the negotiated frame size off the broker's `connection.tune`.

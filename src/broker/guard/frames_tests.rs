@@ -175,3 +175,43 @@ async fn a_refusal_and_a_stream_cut_short_pass_as_they_came() {
     cut.extend_from_slice(&frame(HEADER, 1, &header(&deep, 0))[..9_000]);
     assert_eq!(through_guard(cut.clone(), 2).await, cut);
 }
+
+#[tokio::test]
+async fn a_content_header_too_large_to_read_is_replaced_and_its_body_passes() {
+    const FRAME_MAX: usize = 131_072;
+    let huge = Properties::default()
+        .message_id("m")
+        .header("h", Value::long_string(vec![b'x'; 5 * FRAME_MAX]));
+    let original = header(&huge, 3);
+    let mut prefix = [0u8; 12];
+    prefix.copy_from_slice(&original[..12]);
+    let sent: Vec<u8> = [
+        frame(METHOD, 0, &tune(FRAME_MAX as u32)),
+        frame(HEADER, 1, &original),
+        frame(3, 1, b"abc"),
+        frame(8, 0, &[]),
+    ]
+    .concat();
+    let expected: Vec<u8> = [
+        frame(METHOD, 0, &tune(FRAME_MAX as u32)),
+        frame(
+            HEADER,
+            1,
+            &inspect::unread(&prefix, original.len() + 8, None),
+        ),
+        frame(3, 1, b"abc"),
+        frame(8, 0, &[]),
+    ]
+    .concat();
+    for seed in 0..5 {
+        assert!(
+            through_guard(sent.clone(), seed).await == expected,
+            "seed {seed}"
+        );
+    }
+    let replaced = inspect::unread(&prefix, original.len() + 8, None);
+    let (_, mut read) = lapin::protocol::basic::parse_properties(&replaced[12..]).unwrap();
+    let pruned = super::super::take_pruned(&mut read).unwrap();
+    assert_eq!(pruned.cause, super::super::Cause::Unreadable);
+    assert!(pruned.detail.contains("were not read"), "{}", pruned.detail);
+}

@@ -275,6 +275,8 @@ struct Findings {
     removed: Vec<(Cause, Vec<u8>)>,
     /// The whole headers table could not be read.
     malformed_headers: bool,
+    /// The properties were not read at all: the frame took this many bytes.
+    oversize: Option<usize>,
     /// Every byte removed or replaced, in frame order, for the digest.
     digest: Sha256,
 }
@@ -370,7 +372,16 @@ pub(super) fn content_header(
         }
     }
     if !findings.any() {
-        return None;
+        let over = (payload.len() + 8).checked_sub(frame_max)?;
+        // The broker sent a frame past the negotiated size, which the client
+        // refuses: a quorum queue adds `x-delivery-count` to a redelivery of
+        // a message that filled its frame. The broker's own headers go first,
+        // as on every copy warren publishes, and need no report; if that is
+        // not enough, the frame is cut to fit like one with something
+        // unreadable in it.
+        if let Some(fitted) = without_broker_headers(payload, flags, &spans, &mut entries, over) {
+            return Some(fitted);
+        }
     }
     Some(rewrite(
         payload,
@@ -416,6 +427,26 @@ fn headers(p: &[u8], region: Range<usize>) -> Result<Vec<Entry>, Malformed> {
     Ok(entries)
 }
 
+/// A content header in place of one too large to read at all (past four
+/// times the frame size): the class and body size of the original, and a
+/// headers table holding the report alone.
+pub(super) fn unread(prefix: &[u8; 12], size: usize, carried: Option<Carried>) -> Vec<u8> {
+    let mut findings = Findings {
+        malformed_headers: true,
+        ..Findings::default()
+    };
+    if let Some(carried) = carried {
+        findings.fields.extend(carried.fields);
+    }
+    findings.oversize = Some(size);
+    let marker = marker(&findings);
+    let mut out = prefix.to_vec();
+    out.extend_from_slice(&(1u16 << HEADERS_BIT).to_be_bytes());
+    out.extend_from_slice(&(marker.len() as u32).to_be_bytes());
+    out.extend_from_slice(&marker);
+    out
+}
+
 /// Most bytes of the detail and of the list of removed names in the marker:
 /// it must fit beside the other properties in the smallest frame AMQP allows.
 const MAX_DETAIL: usize = 300;
@@ -431,47 +462,11 @@ fn rewrite(
     findings: Findings,
     frame_max: usize,
 ) -> Vec<u8> {
-    let write = |entries: &[Entry], findings: &Findings, marker: &[u8]| {
-        let mut out = Vec::with_capacity(payload.len() + marker.len() + 8);
-        out.extend_from_slice(&payload[..12]);
-        out.extend_from_slice(&(flags | 1 << HEADERS_BIT).to_be_bytes());
-        let table = |out: &mut Vec<u8>| {
-            let at = out.len();
-            out.extend_from_slice(&[0; 4]);
-            if !findings.malformed_headers {
-                for e in entries.iter().filter(|e| e.verdict.is_none()) {
-                    out.extend_from_slice(&payload[e.span.clone()]);
-                }
-            }
-            out.extend_from_slice(marker);
-            let len = (out.len() - at - 4) as u32;
-            out[at..at + 4].copy_from_slice(&len.to_be_bytes());
-        };
-        let mut wrote_table = false;
-        for (bit, kind, span) in spans {
-            if *bit <= HEADERS_BIT && !wrote_table {
-                table(&mut out);
-                wrote_table = true;
-            }
-            match kind {
-                Kind::Table => {}
-                Kind::Short(_) => {
-                    let start = out.len();
-                    out.extend_from_slice(&payload[span.clone()]);
-                    make_utf8(&mut out[start + 1..]);
-                }
-                Kind::Fixed(_) => out.extend_from_slice(&payload[span.clone()]),
-            }
-        }
-        if !wrote_table {
-            table(&mut out);
-        }
-        out
-    };
     let mut findings = findings;
     loop {
         let marker = marker(&findings);
-        let out = write(entries, &findings, &marker);
+        let kept = (!findings.malformed_headers).then_some(&*entries);
+        let out = assemble(payload, flags, spans, kept, &marker);
         // The frame around the payload: type, channel, size, and the end byte.
         if out.len() + 8 <= frame_max {
             return out;
@@ -493,6 +488,96 @@ fn rewrite(
             None => return out,
         }
     }
+}
+
+/// The payload with the entries that have no verdict (none if `entries` is
+/// `None`) and then `marker` as its headers table, every short string made
+/// UTF-8, and every other property as it was.
+fn assemble(
+    payload: &[u8],
+    flags: u16,
+    spans: &[(u16, Kind, Range<usize>)],
+    entries: Option<&[Entry]>,
+    marker: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + marker.len() + 8);
+    out.extend_from_slice(&payload[..12]);
+    out.extend_from_slice(&(flags | 1 << HEADERS_BIT).to_be_bytes());
+    let table = |out: &mut Vec<u8>| {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        for e in entries
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e.verdict.is_none())
+        {
+            out.extend_from_slice(&payload[e.span.clone()]);
+        }
+        out.extend_from_slice(marker);
+        let len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    };
+    let mut wrote_table = false;
+    for (bit, kind, span) in spans {
+        if *bit <= HEADERS_BIT && !wrote_table {
+            table(&mut out);
+            wrote_table = true;
+        }
+        match kind {
+            Kind::Table => {}
+            Kind::Short(_) => {
+                let start = out.len();
+                out.extend_from_slice(&payload[span.clone()]);
+                make_utf8(&mut out[start + 1..]);
+            }
+            Kind::Fixed(_) => out.extend_from_slice(&payload[span.clone()]),
+        }
+    }
+    if !wrote_table {
+        table(&mut out);
+    }
+    out
+}
+
+/// The payload without the broker's own headers, largest first, until it is
+/// `over` bytes shorter; `None` (and nothing changed) if they are not enough.
+fn without_broker_headers(
+    payload: &[u8],
+    flags: u16,
+    spans: &[(u16, Kind, Range<usize>)],
+    entries: &mut [Entry],
+    over: usize,
+) -> Option<Vec<u8>> {
+    let mut broker: Vec<usize> = (0..entries.len())
+        .filter(|&i| {
+            BROKER_HEADERS
+                .iter()
+                .any(|b| b.as_bytes() == &payload[entries[i].name.clone()])
+        })
+        .collect();
+    broker.sort_by_key(|&i| std::cmp::Reverse(entries[i].span.len()));
+    let mut freed = 0;
+    let mut taken = Vec::new();
+    for i in broker {
+        if freed >= over {
+            break;
+        }
+        freed += entries[i].span.len();
+        taken.push(i);
+    }
+    if freed < over {
+        return None;
+    }
+    let mut names = Vec::new();
+    for i in taken {
+        entries[i].verdict = Some(Cause::TooMany);
+        names.push(shown(&payload[entries[i].name.clone()]));
+    }
+    tracing::debug!(
+        removed = names.join(", "),
+        "a delivery came past the negotiated frame size; the broker's headers were removed to fit"
+    );
+    Some(assemble(payload, flags, spans, Some(entries), &[]))
 }
 
 /// The guard's marker entry: its name, then a table of cause, detail, the
@@ -529,7 +614,11 @@ fn marker(findings: &Findings) -> Vec<u8> {
             list(&unreadable, "has", "have")
         ));
     }
-    if findings.malformed_headers {
+    if let Some(size) = findings.oversize {
+        detail.push(format!(
+            "a content header of {size} bytes, far past the negotiated frame size: its properties were not read"
+        ));
+    } else if findings.malformed_headers {
         detail.push("the headers table is not valid AMQP: removed".to_owned());
     }
     if !findings.fields.is_empty() {

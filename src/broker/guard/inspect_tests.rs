@@ -484,3 +484,36 @@ fn values_of(v: &AMQPValue) -> usize {
         _ => 0,
     }
 }
+
+#[test]
+fn a_frame_the_broker_sent_past_the_frame_size_is_cut_to_fit() {
+    // A message that filled its frame, redelivered from a quorum queue with
+    // the broker's delivery count added: the count goes, without a report.
+    let fill = Value::long_string(vec![b'x'; FRAME_MAX - 50]);
+    let p = Properties::default()
+        .message_id("m")
+        .header("big", fill.clone());
+    let redelivered = p.clone().header("x-delivery-count", Value::long(1));
+    assert!(p.frame_len() <= FRAME_MAX && redelivered.frame_len() > FRAME_MAX);
+    let cut = content_header(&payload(&redelivered), None, FRAME_MAX).unwrap();
+    assert!(cut.len() + 8 <= FRAME_MAX);
+    let mut read = parsed(&cut).unwrap();
+    assert_eq!(
+        take_pruned(&mut read),
+        None,
+        "the broker's bookkeeping needs no report"
+    );
+    assert!(header(&read, "x-delivery-count").is_none());
+    assert!(header(&read, "big").is_some());
+
+    // Past it without the broker's headers to spare: the largest one goes, reported.
+    let over = p.header("more", Value::long_string(vec![b'y'; 100]));
+    assert!(over.frame_len() > FRAME_MAX);
+    let (read, pruned) = guarded(&over);
+    let pruned = pruned.unwrap();
+    assert_eq!(
+        (pruned.cause, pruned.removed.as_str()),
+        (Cause::TooMany, "\"big\"")
+    );
+    assert!(header(&read, "more").is_some());
+}
