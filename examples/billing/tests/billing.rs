@@ -825,3 +825,131 @@ async fn returned_events_put_no_payload_in_the_logs() {
     assert!(!logs.contains(&as_bytes), "payload bytes in the logs");
     delete_prefix(&connection, &prefix).await;
 }
+
+/// The hostile producer's round against `billing run` on PostgreSQL:
+/// invoice-paid messages whose headers nest thousands of levels deep (lapin
+/// alone overflows its I/O thread's stack on them and the process aborts, on
+/// every redelivery) or whose id is not UTF-8 (lapin alone closes the
+/// connection on every delivery of it), then 27 valid invoices. billing keeps
+/// running, dead-letters each hostile one with its reason, and applies every
+/// invoice once; `billing status` reads a dead-letter queue that holds such a
+/// letter as it was sent.
+#[tokio::test]
+async fn run_survives_messages_the_amqp_client_cannot_read() {
+    use warren_chaos::hostile::{Properties, RawPublisher, Value};
+    let schema = PgSchema::create("billing_hostile").await;
+    let prefix = unique("billing-hostile");
+    let port = free_port();
+    let common = [
+        "--prefix",
+        prefix.as_str(),
+        "--database-url",
+        schema.url.as_str(),
+    ];
+    let mut run = start_run(billing().args(common), port, Stdio::null()).await;
+
+    let invoice = warren::Outgoing::new(
+        "billing.invoice-paid.v1",
+        1,
+        &serde_json::json!({
+            "invoiceId": "inv_hostile",
+            "customerId": "cus_hostile",
+            "amount": "149.00",
+            "currency": "USD",
+        }),
+    )
+    .unwrap();
+    let properties = |id: &[u8]| {
+        Properties::default()
+            .message_id(id)
+            .content_type("application/json")
+            .delivery_mode(2)
+    };
+    let id = invoice.meta().message_id.as_bytes().to_vec();
+    let mut bent = id.clone();
+    bent.push(0xff);
+    let mut producer = RawPublisher::connect(AMQP_URL).await.unwrap();
+    for p in [
+        properties(&id).header("h", Value::nested_tables(2_000, Value::void())),
+        properties(&id).header("h", Value::nested_arrays(20_000, Value::void())),
+        properties(&bent),
+    ] {
+        producer
+            .publish(
+                format!("{prefix}.events"),
+                "billing.invoice-paid.v1",
+                &p,
+                &invoice.body(),
+            )
+            .await
+            .unwrap();
+    }
+    // And one put straight into the dead-letter queue, as a broker or an
+    // operator's tool might: `billing status` has to read it.
+    producer
+        .publish(
+            "",
+            format!("{prefix}.invoice-paid.dead-letter"),
+            &properties(b"dropped-in").header("h", Value::nested_tables(5_000, Value::void())),
+            b"{}",
+        )
+        .await
+        .unwrap();
+    producer.close().await;
+    let (ok, _, err) = output(billing().args(common).args([
+        "publish",
+        "--count",
+        "27",
+        "--duplicates",
+        "0",
+        "--seed",
+        "11",
+    ]))
+    .await;
+    assert!(ok, "{err}");
+
+    let status_now = || async move { output(billing().args(common).arg("status")).await };
+    let settled = wait_for(Duration::from_secs(60), || async move {
+        let (_, status, _) = status_now().await;
+        line_value(&status, "inbox rows") == Some(27)
+            && line_value(&status, "dead letters") == Some(4)
+    })
+    .await;
+    let (ok, status, err) = status_now().await;
+    assert!(ok && settled, "{status}{err}");
+    assert_eq!(line_value(&status, "invoices paid"), Some(27), "{status}");
+    assert_eq!(line_value(&status, "loyalty rows"), Some(27), "{status}");
+    for (reason, n) in [
+        ("headers-too-deep", 2),
+        ("unreadable-frame", 1),
+        ("unknown", 1),
+    ] {
+        assert_eq!(line_value(&status, reason), Some(n), "{reason}: {status}");
+    }
+    assert!(run.try_wait().unwrap().is_none(), "billing run is still up");
+    let metrics = http_get(port, "/metrics").await.unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("consumer_pruned_messages_total")
+                && l.contains("headers-too-deep")),
+        "{metrics}"
+    );
+
+    let pid = run.id().unwrap();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exit = tokio::time::timeout(Duration::from_secs(60), run.wait())
+        .await
+        .expect("billing run drains and exits after SIGTERM")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let connection = warren_connect().await;
+    delete_prefix(&connection, &prefix).await;
+    schema.remove().await;
+}
