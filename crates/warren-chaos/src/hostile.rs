@@ -149,7 +149,7 @@ impl Value {
             out.extend_from_slice(&(inner as u32).to_be_bytes());
             out.extend_from_slice(entry);
         }
-        out.extend_from_slice(&leaf.0);
+        out.extend(leaf.0);
         Self(out)
     }
 

@@ -314,8 +314,8 @@ pub(super) fn content_header(
         return None;
     }
     let mut findings = Findings::default();
-    if let Some(carried) = &carried {
-        findings.fields.extend(&carried.fields);
+    if let Some(carried) = carried {
+        findings.fields.extend(carried.fields);
         findings.digest.update(&carried.original);
     }
     // Each present property's span, and the headers table's entries.

@@ -490,9 +490,7 @@ fn a_frame_the_broker_sent_past_the_frame_size_is_cut_to_fit() {
     // A message that filled its frame, redelivered from a quorum queue with
     // the broker's delivery count added: the count goes, without a report.
     let fill = Value::long_string(vec![b'x'; FRAME_MAX - 50]);
-    let p = Properties::default()
-        .message_id("m")
-        .header("big", fill.clone());
+    let p = Properties::default().message_id("m").header("big", fill);
     let redelivered = p.clone().header("x-delivery-count", Value::long(1));
     assert!(p.frame_len() <= FRAME_MAX && redelivered.frame_len() > FRAME_MAX);
     let cut = content_header(&payload(&redelivered), None, FRAME_MAX).unwrap();
