@@ -264,17 +264,6 @@ impl DeadLetterReason {
     }
 }
 
-impl From<crate::broker::guard::Cause> for DeadLetterReason {
-    fn from(cause: crate::broker::guard::Cause) -> Self {
-        use crate::broker::guard::Cause;
-        match cause {
-            Cause::TooDeep => DeadLetterReason::HeadersTooDeep,
-            Cause::TooMany => DeadLetterReason::TooManyHeaders,
-            Cause::Unreadable => DeadLetterReason::UnreadableFrame,
-        }
-    }
-}
-
 impl fmt::Display for DeadLetterReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -291,14 +280,6 @@ mod tests {
         for r in DeadLetterReason::ALL {
             assert_eq!(DeadLetterReason::from_name(r.as_str()), Some(r));
             assert!(seen.insert(r.as_str()));
-        }
-    }
-
-    #[test]
-    fn each_guard_cause_is_the_reason_of_the_same_name() {
-        use crate::broker::guard::Cause;
-        for cause in [Cause::TooDeep, Cause::TooMany, Cause::Unreadable] {
-            assert_eq!(DeadLetterReason::from(cause).as_str(), cause.as_str());
         }
     }
 

@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 
 use crate::amqp::header_int;
+use crate::broker::guard::Cause;
 use crate::broker::{Delivery, Port};
 use crate::config::ConsumerConfig;
 use crate::dispatcher::{Batch, SoloBarrier};
@@ -225,7 +226,7 @@ impl<S: Store> Pipeline<S> {
             // Its headers carry meaning (partition key, warren's history,
             // versions) and some are gone: never applied as it stands.
             self.telemetry.pruned(pruned.cause);
-            return Err(InvalidMessage::new(pruned.cause.into(), &pruned.detail));
+            return Err(InvalidMessage::new(reason_of(pruned.cause), &pruned.detail));
         }
         let props = &delivery.properties;
         if let Some(p) = &self.config.partitions
@@ -562,5 +563,15 @@ impl History {
 
 mod batch;
 mod settle;
+
+/// The dead-letter reason for what the frame guard found: the same name.
+fn reason_of(cause: Cause) -> DeadLetterReason {
+    match cause {
+        Cause::TooDeep => DeadLetterReason::HeadersTooDeep,
+        Cause::TooMany => DeadLetterReason::TooManyHeaders,
+        _ => DeadLetterReason::UnreadableFrame,
+    }
+}
+
 #[cfg(test)]
 mod tests;
