@@ -699,6 +699,6 @@ fn savepoints_cap_a_batch_at_the_subtransactions_left() {
 fn each_guard_cause_is_dead_lettered_under_the_reason_of_its_name() {
     use crate::broker::guard::Cause;
     for cause in [Cause::TooDeep, Cause::TooMany, Cause::Unreadable] {
-        assert_eq!(super::reason_of(cause).as_str(), cause.as_str());
+        assert_eq!(reason_of(cause).as_str(), cause.as_str());
     }
 }
