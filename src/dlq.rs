@@ -316,8 +316,12 @@ fn replay_properties(letter: &DeadLetter) -> BasicProperties {
         .unwrap_or_default();
     kept.insert(HEADER_REPLAYED_AT.into(), time(Utc::now()));
     if let Some(pruned) = &letter.pruned {
-        kept.insert(HEADER_DROPPED.into(), text(&pruned.removed));
-        kept.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
+        if !pruned.removed.is_empty() {
+            kept.insert(HEADER_DROPPED.into(), text(&pruned.removed));
+        }
+        if !pruned.digest.is_empty() {
+            kept.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
+        }
     }
     properties.with_headers(FieldTable::from(kept))
 }

@@ -224,7 +224,8 @@ impl<S: Store> Pipeline<S> {
     ) -> Result<Prepared<S::Db>, InvalidMessage> {
         if let Some(pruned) = &delivery.pruned {
             // Its headers carry meaning (partition key, warren's history,
-            // versions) and some are gone: never applied as it stands.
+            // versions) and some are gone: not applied as it arrived. (An
+            // operator who replays the dead letter sends it without them.)
             self.telemetry.pruned(pruned.cause);
             return Err(InvalidMessage::new(reason_of(pruned.cause), &pruned.detail));
         }

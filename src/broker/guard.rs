@@ -113,7 +113,8 @@ pub struct Pruned {
     /// (cut to a few hundred bytes).
     pub removed: String,
     /// `sha256:` and the hex SHA-256 of every byte removed or replaced, in
-    /// frame order: to match the message against the producer's copy.
+    /// frame order: to match the message against the producer's copy. Empty
+    /// for a content header too large to read at all.
     pub digest: String,
 }
 

@@ -363,7 +363,9 @@ fn with_pruned(properties: BasicProperties, delivery: &Delivery) -> BasicPropert
     if !pruned.removed.is_empty() {
         headers.insert(HEADER_DROPPED.into(), text(&pruned.removed));
     }
-    headers.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
+    if !pruned.digest.is_empty() {
+        headers.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
+    }
     properties.with_headers(headers)
 }
 

@@ -204,6 +204,7 @@ pub struct Properties {
     user_id: Option<Vec<u8>>,
     app_id: Option<Vec<u8>>,
     cluster_id: Option<Vec<u8>>,
+    reserved_flags: u16,
 }
 
 macro_rules! short_properties {
@@ -264,6 +265,14 @@ impl Properties {
         self
     }
 
+    /// Sets the two lowest property flag bits (`0b11` at most), which name no
+    /// property: bit 0 would announce a second flag word, yet RabbitMQ and
+    /// lapin read neither and take the frame as it is.
+    pub fn reserved_flags(mut self, bits: u16) -> Self {
+        self.reserved_flags = bits & 0b11;
+        self
+    }
+
     /// The property flags and values, as a content header carries them.
     pub fn encode(&self) -> Vec<u8> {
         let mut flags = 0u16;
@@ -302,7 +311,7 @@ impl Properties {
         short(4, &self.user_id, &mut out, &mut flags);
         short(3, &self.app_id, &mut out, &mut flags);
         short(2, &self.cluster_id, &mut out, &mut flags);
-        let mut encoded = flags.to_be_bytes().to_vec();
+        let mut encoded = (flags | self.reserved_flags).to_be_bytes().to_vec();
         encoded.extend_from_slice(&out);
         encoded
     }

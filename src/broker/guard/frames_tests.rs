@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 use futures_io::AsyncRead;
 use warren_chaos::hostile::{Properties, Value};
 
-use super::super::inspect;
+use super::super::inspect::{self, tests::within_limits};
 use super::{FrameGuard, HEADER, METHOD};
 
 /// A broker that sends `data` in pieces of random size, now and then not
@@ -69,6 +69,28 @@ fn header(p: &Properties, body: usize) -> Vec<u8> {
     out
 }
 
+/// Parses `stream` frame by frame with lapin's own parser: every frame reads,
+/// none is past `frame_max` after the tune, every message's properties are
+/// within the guard's limits. Returns the content headers' properties.
+fn read_as_lapin(stream: &[u8], frame_max: usize) -> Vec<lapin::BasicProperties> {
+    use amq_protocol::frame::{AMQPFrame, parse_frame};
+    let mut rest = stream;
+    let mut found = Vec::new();
+    while !rest.is_empty() {
+        let (after, frame) = parse_frame(rest).expect("lapin reads every frame");
+        assert!(
+            rest.len() - after.len() <= frame_max,
+            "a frame past frame_max"
+        );
+        if let AMQPFrame::Header(_, header) = frame {
+            assert!(within_limits(&header.properties));
+            found.push(header.properties);
+        }
+        rest = after;
+    }
+    found
+}
+
 /// Reads everything through a guard, in reads of random size, half of them
 /// vectored into two buffers as lapin reads.
 async fn through_guard(data: Vec<u8>, seed: u64) -> Vec<u8> {
@@ -121,7 +143,6 @@ async fn frames_pass_whole_and_in_order_and_only_unreadable_ones_change() {
     let body = vec![7u8; 300_000];
     // (the frame, what the client must receive instead, if anything)
     let mut plan: Vec<(Vec<u8>, Option<Vec<u8>>)> = vec![
-        (frame(METHOD, 0, &[0, 10, 0, 10, 0, 9]), None),
         (frame(METHOD, 0, &tune(FRAME_MAX as u32)), None),
         (frame(8, 0, &[]), None),
     ];
@@ -162,6 +183,18 @@ async fn frames_pass_whole_and_in_order_and_only_unreadable_ones_change() {
             "seed {seed}: the client reads the planned frames"
         );
     }
+    // And, read as lapin reads it: the bad routing key's delivery and the deep
+    // one carry the report; the others arrive as they were sent.
+    let mut headers = read_as_lapin(&expected, FRAME_MAX).into_iter();
+    let mut reported = |expect: Option<super::super::Cause>| {
+        let mut p = headers.next().unwrap();
+        assert_eq!(super::super::take_pruned(&mut p).map(|r| r.cause), expect);
+        p
+    };
+    reported(Some(super::super::Cause::Unreadable));
+    reported(None);
+    let deep = reported(Some(super::super::Cause::TooDeep));
+    assert!(!deep.headers().as_ref().unwrap().contains_key("h"));
 }
 
 #[tokio::test]
@@ -209,6 +242,7 @@ async fn a_content_header_too_large_to_read_is_replaced_and_its_body_passes() {
             "seed {seed}"
         );
     }
+    assert_eq!(read_as_lapin(&expected, FRAME_MAX).len(), 1);
     let replaced = inspect::unread(&prefix, original.len() + 8, None);
     let (_, mut read) = lapin::protocol::basic::parse_properties(&replaced[12..]).unwrap();
     let pruned = super::super::take_pruned(&mut read).unwrap();

@@ -271,14 +271,15 @@ struct Entry {
 struct Findings {
     /// Property names whose text was not UTF-8 (replaced in the rewrite).
     fields: Vec<&'static str>,
-    /// Headers removed, by cause, with their names as found.
-    removed: Vec<(Cause, Vec<u8>)>,
+    /// Headers removed, by cause, with their names shown for people.
+    removed: Vec<(Cause, String)>,
     /// The whole headers table could not be read.
     malformed_headers: bool,
     /// The properties were not read at all: the frame took this many bytes.
     oversize: Option<usize>,
-    /// Every byte removed or replaced, in frame order, for the digest.
-    digest: Sha256,
+    /// `sha256:` and the digest of every byte removed or replaced, in frame
+    /// order; empty when the properties were not read.
+    digest: String,
 }
 
 impl Findings {
@@ -296,6 +297,129 @@ impl Findings {
     }
 }
 
+/// One content header's properties as found: each present property's span,
+/// and the headers table's entries.
+struct Found<'p> {
+    payload: &'p [u8],
+    flags: u16,
+    spans: Vec<(u16, Kind, Range<usize>)>,
+    /// `None` when the headers table is not valid AMQP (or absent).
+    entries: Option<Vec<Entry>>,
+}
+
+impl Found<'_> {
+    fn entries(&self) -> &[Entry] {
+        self.entries.as_deref().unwrap_or_default()
+    }
+
+    fn kept_mut(&mut self) -> impl Iterator<Item = &mut Entry> {
+        self.entries
+            .iter_mut()
+            .flatten()
+            .filter(|e| e.verdict.is_none())
+    }
+
+    /// The payload with the entries that have no verdict and then `marker` as
+    /// its headers table, every short string made UTF-8, and every other
+    /// property as it was. The flags stay as they were (bits 0 and 1 too,
+    /// which neither RabbitMQ nor lapin reads), but for the headers bit.
+    fn assemble(&self, marker: &[u8]) -> Vec<u8> {
+        let p = self.payload;
+        let mut out = Vec::with_capacity(p.len() + marker.len() + 8);
+        out.extend_from_slice(&p[..12]);
+        out.extend_from_slice(&(self.flags | 1 << HEADERS_BIT).to_be_bytes());
+        let table = |out: &mut Vec<u8>| {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            for e in self.entries().iter().filter(|e| e.verdict.is_none()) {
+                out.extend_from_slice(&p[e.span.clone()]);
+            }
+            out.extend_from_slice(marker);
+            let len = (out.len() - at - 4) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        };
+        let mut wrote_table = false;
+        for (bit, kind, span) in &self.spans {
+            if *bit <= HEADERS_BIT && !wrote_table {
+                table(&mut out);
+                wrote_table = true;
+            }
+            match kind {
+                Kind::Table => {}
+                Kind::Short(_) => {
+                    let start = out.len();
+                    out.extend_from_slice(&p[span.clone()]);
+                    make_utf8(&mut out[start + 1..]);
+                }
+                Kind::Fixed(_) => out.extend_from_slice(&p[span.clone()]),
+            }
+        }
+        if !wrote_table {
+            table(&mut out);
+        }
+        out
+    }
+
+    /// The digest of every byte removed or replaced, in frame order: what a
+    /// method frame before it replaced, then each property's.
+    fn digest(&self, carried: &[u8]) -> String {
+        let p = self.payload;
+        let mut d = Sha256::new();
+        d.update(carried);
+        for (_, kind, span) in &self.spans {
+            match kind {
+                Kind::Short(_) if std::str::from_utf8(&p[span.start + 1..span.end]).is_err() => {
+                    d.update(&p[span.start + 1..span.end]);
+                }
+                Kind::Table if self.entries.is_none() => d.update(&p[span.start + 4..span.end]),
+                Kind::Table => {
+                    for e in self.entries().iter().filter(|e| e.verdict.is_some()) {
+                        d.update(&p[e.span.clone()]);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let hex: String = d.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    }
+}
+
+/// Reads the properties of a content header payload as lapin does: one flag
+/// word, the basic class's properties for bits 15 to 2 whatever the class.
+/// `None` if they run past the payload (the client reports that itself).
+fn find(payload: &[u8]) -> Option<Found<'_>> {
+    if payload.len() < 14 {
+        return None;
+    }
+    let flags = u16::from_be_bytes([payload[12], payload[13]]);
+    let mut found = Found {
+        payload,
+        flags,
+        spans: Vec::new(),
+        entries: None,
+    };
+    let mut at = 14usize;
+    for (bit, kind) in PROPERTIES {
+        if flags & (1 << bit) == 0 {
+            continue;
+        }
+        let len = match kind {
+            Kind::Short(_) => 1 + usize::from(*payload.get(at)?),
+            Kind::Table => u32_at(payload, at).ok()?.checked_add(4)?,
+            Kind::Fixed(n) => n,
+        };
+        let span = at..at.checked_add(len)?;
+        payload.get(span.clone())?;
+        if let Kind::Table = kind {
+            found.entries = headers(payload, span.start + 4..span.end).ok();
+        }
+        found.spans.push((bit, kind, span));
+        at += len;
+    }
+    Some(found)
+}
+
 /// Inspects a content header frame's payload. `None` when the client can read
 /// it as it is (the common case: nothing is copied); otherwise the payload to
 /// pass on instead, with what was removed or replaced reported in the guard's
@@ -305,56 +429,31 @@ pub(super) fn content_header(
     carried: Option<Carried>,
     frame_max: usize,
 ) -> Option<Vec<u8>> {
-    if payload.len() < 14 || u16::from_be_bytes([payload[0], payload[1]]) != BASIC {
-        return None;
-    }
-    let flags = u16::from_be_bytes([payload[12], payload[13]]);
-    if flags & 1 != 0 {
-        // A second flag word: not something RabbitMQ sends, nor the client reads.
-        return None;
-    }
-    let mut findings = Findings::default();
-    if let Some(carried) = carried {
-        findings.fields.extend(carried.fields);
-        findings.digest.update(&carried.original);
-    }
-    // Each present property's span, and the headers table's entries.
-    let mut spans: Vec<(u16, Kind, Range<usize>)> = Vec::new();
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut at = 14;
-    for (bit, kind) in PROPERTIES {
-        if flags & (1 << bit) == 0 {
-            continue;
+    let Some(mut found) = find(payload) else {
+        // Properties past the end of the frame: lapin refuses the frame as it
+        // is. What a method before it replaced still needs its report.
+        return carried.map(|c| unread(payload, payload.len() + 8, Some(c)));
+    };
+    let carried = carried.unwrap_or_default();
+    let mut findings = Findings {
+        fields: carried.fields,
+        ..Findings::default()
+    };
+    for (_, kind, span) in &found.spans {
+        if let Kind::Short(name) = kind
+            && std::str::from_utf8(&payload[span.start + 1..span.end]).is_err()
+        {
+            findings.fields.push(name);
         }
-        let len = match kind {
-            Kind::Short(_) => 1 + usize::from(*payload.get(at)?),
-            Kind::Table => 4 + u32_at(payload, at).ok()?,
-            Kind::Fixed(n) => n,
-        };
-        let span = at..at + len;
-        let bytes = payload.get(span.clone())?;
-        match kind {
-            Kind::Short(name) if std::str::from_utf8(&bytes[1..]).is_err() => {
-                findings.fields.push(name);
-                findings.digest.update(&bytes[1..]);
-            }
-            Kind::Table => match headers(payload, span.start + 4..span.end) {
-                Ok(found) => entries = found,
-                Err(Malformed) => {
-                    findings.malformed_headers = true;
-                    findings.digest.update(&bytes[4..]);
-                }
-            },
-            _ => {}
+        if let Kind::Table = kind {
+            findings.malformed_headers = found.entries.is_none();
         }
-        spans.push((bit, kind, span));
-        at += len;
     }
     // A copy warren published (a retry, a dead letter) carries warren's
     // record and, back from a retry tier, the broker's: counted apart, so a
     // message within the limits stays within them on every copy.
     let (mut kept, mut recorded) = (0usize, 0usize);
-    for entry in &mut entries {
+    for entry in found.entries.iter_mut().flatten() {
         if entry.verdict.is_none() {
             if entry.record && recorded + entry.values <= MAX_RECORD_ENTRIES {
                 recorded += entry.values;
@@ -367,30 +466,24 @@ pub(super) fn content_header(
         if let Some(cause) = entry.verdict {
             findings
                 .removed
-                .push((cause, payload[entry.name.clone()].to_vec()));
-            findings.digest.update(&payload[entry.span.clone()]);
+                .push((cause, shown(&payload[entry.name.clone()])));
         }
     }
     if !findings.any() {
-        let over = (payload.len() + 8).checked_sub(frame_max)?;
+        if payload.len() + 8 <= frame_max {
+            return None;
+        }
         // The broker sent a frame past the negotiated size, which the client
         // refuses: a quorum queue adds `x-delivery-count` to a redelivery of
         // a message that filled its frame. The broker's own headers go first,
         // as on every copy warren publishes, and need no report; if that is
         // not enough, the frame is cut to fit like one with something
         // unreadable in it.
-        if let Some(fitted) = without_broker_headers(payload, flags, &spans, &mut entries, over) {
+        if let Some(fitted) = without_broker_headers(&mut found, payload.len() + 8 - frame_max) {
             return Some(fitted);
         }
     }
-    Some(rewrite(
-        payload,
-        flags,
-        &spans,
-        &mut entries,
-        findings,
-        frame_max,
-    ))
+    Some(rewrite(found, findings, &carried.original, frame_max))
 }
 
 /// The entries of a headers table spanning `region` (after its length).
@@ -427,20 +520,25 @@ fn headers(p: &[u8], region: Range<usize>) -> Result<Vec<Entry>, Malformed> {
     Ok(entries)
 }
 
-/// A content header in place of one too large to read at all (past four
-/// times the frame size): the class and body size of the original, and a
-/// headers table holding the report alone.
-pub(super) fn unread(prefix: &[u8; 12], size: usize, carried: Option<Carried>) -> Vec<u8> {
+/// A content header in place of one that cannot be read at all (past four
+/// times the frame size, or with properties running past its end): the class
+/// and body size of the original, and a headers table holding the report
+/// alone. `payload` needs only its first 12 bytes.
+pub(super) fn unread(payload: &[u8], size: usize, carried: Option<Carried>) -> Vec<u8> {
     let mut findings = Findings {
         malformed_headers: true,
+        oversize: Some(size),
         ..Findings::default()
     };
     if let Some(carried) = carried {
         findings.fields.extend(carried.fields);
     }
-    findings.oversize = Some(size);
     let marker = marker(&findings);
-    let mut out = prefix.to_vec();
+    let mut out = payload
+        .get(..12)
+        .unwrap_or(&[0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        .to_vec();
+    out.resize(12, 0);
     out.extend_from_slice(&(1u16 << HEADERS_BIT).to_be_bytes());
     out.extend_from_slice(&(marker.len() as u32).to_be_bytes());
     out.extend_from_slice(&marker);
@@ -451,133 +549,74 @@ pub(super) fn unread(prefix: &[u8; 12], size: usize, carried: Option<Carried>) -
 /// it must fit beside the other properties in the smallest frame AMQP allows.
 const MAX_DETAIL: usize = 300;
 const MAX_NAMES: usize = 400;
+/// The most bytes the marker entry takes: its name, and the four fields at
+/// their longest.
+const MAX_MARKER: usize = 1024;
 
 /// The payload rebuilt: every property as it was but for text made UTF-8 and
-/// the removed headers, with the marker added to the headers table.
+/// the removed headers, with the marker added to the headers table. Past the
+/// frame, the largest headers left go too, in one pass.
 fn rewrite(
-    payload: &[u8],
-    flags: u16,
-    spans: &[(u16, Kind, Range<usize>)],
-    entries: &mut [Entry],
-    findings: Findings,
+    mut found: Found<'_>,
+    mut findings: Findings,
+    carried: &[u8],
     frame_max: usize,
 ) -> Vec<u8> {
-    let mut findings = findings;
-    loop {
-        let marker = marker(&findings);
-        let kept = (!findings.malformed_headers).then_some(&*entries);
-        let out = assemble(payload, flags, spans, kept, &marker);
-        // The frame around the payload: type, channel, size, and the end byte.
-        if out.len() + 8 <= frame_max {
-            return out;
-        }
-        // Only a table near the frame limit gets here (the marker adds a few
-        // hundred bytes): the largest header left goes, until it fits.
-        let largest = entries
-            .iter_mut()
-            .filter(|e| e.verdict.is_none())
-            .max_by_key(|e| e.span.len());
-        match largest {
-            Some(e) => {
-                e.verdict = Some(Cause::TooMany);
-                findings
-                    .removed
-                    .push((Cause::TooMany, payload[e.name.clone()].to_vec()));
-                findings.digest.update(&payload[e.span.clone()]);
+    let budget = frame_max.saturating_sub(8 + MAX_MARKER);
+    let mut size = found.assemble(&[]).len();
+    let payload = found.payload;
+    if size > budget {
+        let mut largest: Vec<&mut Entry> = found.kept_mut().collect();
+        largest.sort_by_key(|e| std::cmp::Reverse(e.span.len()));
+        for e in largest {
+            if size <= budget {
+                break;
             }
-            None => return out,
+            size -= e.span.len();
+            e.verdict = Some(Cause::TooMany);
+            findings
+                .removed
+                .push((Cause::TooMany, shown(&payload[e.name.clone()])));
         }
     }
-}
-
-/// The payload with the entries that have no verdict (none if `entries` is
-/// `None`) and then `marker` as its headers table, every short string made
-/// UTF-8, and every other property as it was.
-fn assemble(
-    payload: &[u8],
-    flags: u16,
-    spans: &[(u16, Kind, Range<usize>)],
-    entries: Option<&[Entry]>,
-    marker: &[u8],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + marker.len() + 8);
-    out.extend_from_slice(&payload[..12]);
-    out.extend_from_slice(&(flags | 1 << HEADERS_BIT).to_be_bytes());
-    let table = |out: &mut Vec<u8>| {
-        let at = out.len();
-        out.extend_from_slice(&[0; 4]);
-        for e in entries
-            .unwrap_or_default()
-            .iter()
-            .filter(|e| e.verdict.is_none())
-        {
-            out.extend_from_slice(&payload[e.span.clone()]);
-        }
-        out.extend_from_slice(marker);
-        let len = (out.len() - at - 4) as u32;
-        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
-    };
-    let mut wrote_table = false;
-    for (bit, kind, span) in spans {
-        if *bit <= HEADERS_BIT && !wrote_table {
-            table(&mut out);
-            wrote_table = true;
-        }
-        match kind {
-            Kind::Table => {}
-            Kind::Short(_) => {
-                let start = out.len();
-                out.extend_from_slice(&payload[span.clone()]);
-                make_utf8(&mut out[start + 1..]);
-            }
-            Kind::Fixed(_) => out.extend_from_slice(&payload[span.clone()]),
-        }
-    }
-    if !wrote_table {
-        table(&mut out);
-    }
-    out
+    findings.digest = found.digest(carried);
+    let marker = marker(&findings);
+    debug_assert!(marker.len() <= MAX_MARKER);
+    found.assemble(&marker)
 }
 
 /// The payload without the broker's own headers, largest first, until it is
 /// `over` bytes shorter; `None` (and nothing changed) if they are not enough.
-fn without_broker_headers(
-    payload: &[u8],
-    flags: u16,
-    spans: &[(u16, Kind, Range<usize>)],
-    entries: &mut [Entry],
-    over: usize,
-) -> Option<Vec<u8>> {
-    let mut broker: Vec<usize> = (0..entries.len())
-        .filter(|&i| {
+fn without_broker_headers(found: &mut Found<'_>, over: usize) -> Option<Vec<u8>> {
+    let payload = found.payload;
+    let mut broker: Vec<&mut Entry> = found
+        .kept_mut()
+        .filter(|e| {
             BROKER_HEADERS
                 .iter()
-                .any(|b| b.as_bytes() == &payload[entries[i].name.clone()])
+                .any(|b| b.as_bytes() == &payload[e.name.clone()])
         })
         .collect();
-    broker.sort_by_key(|&i| std::cmp::Reverse(entries[i].span.len()));
-    let mut freed = 0;
-    let mut taken = Vec::new();
-    for i in broker {
-        if freed >= over {
-            break;
-        }
-        freed += entries[i].span.len();
-        taken.push(i);
-    }
+    broker.sort_by_key(|e| std::cmp::Reverse(e.span.len()));
+    let freed: usize = broker.iter().map(|e| e.span.len()).sum();
     if freed < over {
         return None;
     }
+    let mut freed = 0;
     let mut names = Vec::new();
-    for i in taken {
-        entries[i].verdict = Some(Cause::TooMany);
-        names.push(shown(&payload[entries[i].name.clone()]));
+    for e in broker {
+        if freed >= over {
+            break;
+        }
+        freed += e.span.len();
+        e.verdict = Some(Cause::TooMany);
+        names.push(shown(&payload[e.name.clone()]));
     }
     tracing::debug!(
         removed = names.join(", "),
         "a delivery came past the negotiated frame size; the broker's headers were removed to fit"
     );
-    Some(assemble(payload, flags, spans, Some(entries), &[]))
+    Some(found.assemble(&[]))
 }
 
 /// The guard's marker entry: its name, then a table of cause, detail, the
@@ -590,7 +629,7 @@ fn marker(findings: &Findings) -> Vec<u8> {
             .removed
             .iter()
             .filter(move |(c, _)| *c == cause)
-            .map(|(_, n)| shown(n))
+            .map(|(_, n)| n.clone())
             .collect::<Vec<_>>()
     };
     let deep = names(Cause::TooDeep);
@@ -616,7 +655,7 @@ fn marker(findings: &Findings) -> Vec<u8> {
     }
     if let Some(size) = findings.oversize {
         detail.push(format!(
-            "a content header of {size} bytes, far past the negotiated frame size: its properties were not read"
+            "a content header of {size} bytes, past what the guard reads: its properties were not read"
         ));
     } else if findings.malformed_headers {
         detail.push("the headers table is not valid AMQP: removed".to_owned());
@@ -628,14 +667,16 @@ fn marker(findings: &Findings) -> Vec<u8> {
         ));
     }
     let detail = detail.join("; ");
-    let removed: Vec<String> = findings.removed.iter().map(|(_, n)| shown(n)).collect();
-    let digest: String = findings
-        .digest
-        .clone()
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let mut removed = String::new();
+    for (_, name) in &findings.removed {
+        if removed.len() > MAX_NAMES {
+            break;
+        }
+        if !removed.is_empty() {
+            removed.push_str(", ");
+        }
+        removed.push_str(name);
+    }
     let mut table = Vec::new();
     let mut field = |key: &str, value: &str| {
         table.push(key.len() as u8);
@@ -646,8 +687,8 @@ fn marker(findings: &Findings) -> Vec<u8> {
     };
     field("cause", cause.as_str());
     field("detail", cut(&detail, MAX_DETAIL));
-    field("removed", cut(&removed.join(", "), MAX_NAMES));
-    field("digest", &format!("sha256:{digest}"));
+    field("removed", cut(&removed, MAX_NAMES));
+    field("digest", &findings.digest);
     let name = marker_name();
     let mut out = Vec::with_capacity(table.len() + name.len() + 6);
     out.push(name.len() as u8);
@@ -693,4 +734,4 @@ fn cut(s: &str, max: usize) -> &str {
 
 #[cfg(test)]
 #[path = "inspect_tests.rs"]
-mod tests;
+pub(super) mod tests;

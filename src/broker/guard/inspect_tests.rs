@@ -20,11 +20,25 @@ fn payload(p: &Properties) -> Vec<u8> {
     out
 }
 
-/// The properties as lapin reads them from a payload: its own parser.
+/// The properties as lapin reads them from a content header payload: its
+/// own frame parser, on the whole frame, which must be consumed exactly.
 fn parsed(payload: &[u8]) -> Option<BasicProperties> {
-    lapin::protocol::basic::parse_properties(&payload[12..])
-        .ok()
-        .map(|(_, p)| p)
+    let mut frame = vec![2, 0, 1];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame.push(0xCE);
+    match amq_protocol::frame::parse_frame(&frame[..]) {
+        Ok((&[], amq_protocol::frame::AMQPFrame::Header(1, header))) => Some(header.properties),
+        _ => None,
+    }
+}
+
+/// Nothing in `p`'s headers is past the guard's limits.
+pub(in crate::broker::guard) fn within_limits(p: &BasicProperties) -> bool {
+    let h = p.headers().clone().unwrap_or_default();
+    let deepest = h.inner().values().map(depth_of).max().unwrap_or(0);
+    let values: usize = h.inner().values().map(values_of).sum();
+    deepest <= MAX_HEADER_DEPTH && values <= MAX_HEADER_ENTRIES + MAX_RECORD_ENTRIES
 }
 
 /// Inspects `p` and returns what lapin then reads, with the guard's report.
@@ -33,6 +47,7 @@ fn guarded(p: &Properties) -> (BasicProperties, Option<Pruned>) {
     let passed = content_header(&original, None, FRAME_MAX).unwrap_or_else(|| original.clone());
     assert!(passed.len() + 8 <= FRAME_MAX, "fits the frame");
     let mut properties = parsed(&passed).expect("lapin reads what the guard passes");
+    assert!(within_limits(&properties), "and it is within the limits");
     let pruned = take_pruned(&mut properties);
     (properties, pruned)
 }
@@ -440,25 +455,25 @@ fn generated_headers_are_read_by_lapin_after_the_guard_and_untouched_when_readab
         let p = (0..rng.usize(0..6)).fold(Properties::default(), |p, n| {
             p.header(random_name(&mut rng, n), random_value(&mut rng, depth))
         });
-        let original = payload(&p);
+        let reserved = rng.u16(0..4);
+        let original = payload(&p.clone().reserved_flags(reserved));
         match content_header(&original, None, FRAME_MAX) {
-            None => assert!(
-                parsed(&original).is_some(),
-                "seed {seed}: passed unreadable"
-            ),
+            None => {
+                let read = parsed(&original);
+                assert!(read.is_some(), "seed {seed}: passed unreadable");
+                assert!(
+                    within_limits(&read.unwrap()),
+                    "seed {seed}: passed too deep"
+                );
+            }
             Some(rewritten) => {
                 assert!(rewritten.len() <= original.len() + 1024, "seed {seed}");
-                assert!(
-                    parsed(&rewritten).is_some(),
-                    "seed {seed}: rewrote unreadable"
-                );
+                let read = parsed(&rewritten).expect("lapin reads the rewrite");
+                assert!(within_limits(&read), "seed {seed}: rewrote past the limits");
                 // Readable as it was, it must have been past a limit.
                 if let Some(p) = parsed(&original) {
-                    let h = p.headers().clone().unwrap_or_default();
-                    let deepest = h.inner().values().map(depth_of).max().unwrap_or(0);
-                    let values: usize = h.inner().values().map(values_of).sum();
                     assert!(
-                        deepest > MAX_HEADER_DEPTH || values > MAX_HEADER_ENTRIES,
+                        !within_limits(&p),
                         "seed {seed}: rewrote what lapin reads safely"
                     );
                 }
@@ -483,6 +498,30 @@ fn values_of(v: &AMQPValue) -> usize {
         AMQPValue::FieldArray(a) => a.as_slice().iter().map(values_of).sum(),
         _ => 0,
     }
+}
+
+#[test]
+fn the_flag_bits_that_name_no_property_change_nothing() {
+    // RabbitMQ takes a content header with bit 0 (a second flag word) or bit 1
+    // set and passes it on as it came; lapin reads neither bit. Nor does lapin
+    // look at the class: every content header is read as basic properties.
+    let deep = Properties::default()
+        .message_id("m")
+        .header("h", Value::nested_tables(5_000, Value::void()));
+    let bent = Properties::default().message_id([b'a', 0xff]);
+    for bits in 1..4 {
+        let (read, pruned) = guarded(&deep.clone().reserved_flags(bits));
+        assert_eq!(pruned.unwrap().cause, Cause::TooDeep, "bits {bits}");
+        assert!(header(&read, "h").is_none());
+        let (read, pruned) = guarded(&bent.clone().reserved_flags(bits));
+        assert_eq!(pruned.unwrap().cause, Cause::Unreadable, "bits {bits}");
+        assert_eq!(read.message_id().as_ref().unwrap().as_str(), "a?");
+    }
+    let mut other_class = payload(&deep);
+    other_class[..2].copy_from_slice(&20u16.to_be_bytes());
+    let rewritten = content_header(&other_class, None, FRAME_MAX).expect("inspected");
+    let mut read = parsed(&rewritten).unwrap();
+    assert_eq!(take_pruned(&mut read).unwrap().cause, Cause::TooDeep);
 }
 
 #[test]
