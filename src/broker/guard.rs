@@ -40,6 +40,7 @@ mod frames;
 mod inspect;
 mod kit;
 
+pub use frames::FrameGuard;
 pub(crate) use kit::connect;
 
 /// The deepest a header value may nest: tables and arrays inside the headers

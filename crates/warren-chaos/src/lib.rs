@@ -12,6 +12,11 @@
 //! dead letters even of processes that were killed. Afterwards, [`Check`]s state
 //! the invariants and [`Report`] prints PASS or FAIL for each.
 //!
+//! [`hostile`] is the producer no client library would be: it writes frames
+//! byte by byte (header tables thousands of levels deep, names and ids that
+//! are not UTF-8), to check that no message the broker accepts takes a
+//! service down.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), String> {
 //! use std::time::Duration;

@@ -45,9 +45,14 @@ enum At {
     Raw,
 }
 
-/// A byte stream from the broker, cut into frames and inspected. See the
-/// module documentation of `guard`.
-pub(crate) struct FrameGuard<S> {
+/// A byte stream from the broker, cut into frames and inspected: what the
+/// AMQP client reads through it is what the broker sent, but for the message
+/// properties the client cannot read safely, rewritten (see the [module
+/// documentation](super)). Every connection [`connect`](crate::broker::connect)
+/// opens reads through one; wrap the stream of a lapin connection you make
+/// yourself (`lapin::Connection::connector`) the same way. Writes pass
+/// through untouched.
+pub struct FrameGuard<S> {
     inner: S,
     /// Bytes read: `[start..ready]` may go to the client, `[ready..end]` wait
     /// for the rest of their frame.
@@ -67,9 +72,11 @@ pub(crate) struct FrameGuard<S> {
 }
 
 impl<S> FrameGuard<S> {
-    /// Guards `inner`; `client_frame_max` is the frame size the client will ask
-    /// for in its `connection.tune-ok` (0 for the broker's).
-    pub(crate) fn new(inner: S, client_frame_max: u32) -> Self {
+    /// Guards `inner`, the bytes of one connection from its first: the
+    /// broker's `connection.tune` tells the guard the frame size.
+    /// `client_frame_max` is the frame size the client asks for in its
+    /// `connection.tune-ok` (the `frame_max` of its URL; 0 for the broker's).
+    pub fn new(inner: S, client_frame_max: u32) -> Self {
         Self {
             inner,
             buf: vec![0; 2 * READ_CHUNK],
@@ -172,7 +179,10 @@ impl<S> FrameGuard<S> {
             self.ready += whole;
             return;
         }
-        let carried = self.carried.remove(&channel);
+        // Nearly always empty: skip the hashing then.
+        let carried = (!self.carried.is_empty())
+            .then(|| self.carried.remove(&channel))
+            .flatten();
         let Some(rewritten) = inspect::content_header(&self.buf[payload], carried, self.frame_max)
         else {
             self.ready += whole;

@@ -113,10 +113,10 @@ pub(super) fn method(payload: &mut [u8]) -> Option<Carried> {
             Step::Short(field) => {
                 let len = usize::from(*payload.get(at)?);
                 let text = payload.get_mut(at + 1..at + 1 + len)?;
-                let original = text.to_vec();
-                if make_utf8(text) {
+                if std::str::from_utf8(text).is_err() {
                     carried.fields.push(field);
-                    carried.original.extend_from_slice(&original);
+                    carried.original.extend_from_slice(text);
+                    make_utf8(text);
                 }
                 at += 1 + len;
             }
@@ -396,7 +396,7 @@ fn find(payload: &[u8]) -> Option<Found<'_>> {
     let mut found = Found {
         payload,
         flags,
-        spans: Vec::new(),
+        spans: Vec::with_capacity(PROPERTIES.len()),
         entries: None,
     };
     let mut at = 14usize;
@@ -488,7 +488,7 @@ pub(super) fn content_header(
 
 /// The entries of a headers table spanning `region` (after its length).
 fn headers(p: &[u8], region: Range<usize>) -> Result<Vec<Entry>, Malformed> {
-    let mut entries = Vec::new();
+    let mut entries = Vec::with_capacity(8);
     let mut at = region.start;
     while at < region.end {
         let start = at;
