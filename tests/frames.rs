@@ -82,24 +82,6 @@ fn text_header(p: &BasicProperties, name: &str) -> Option<String> {
     warren::amqp::header_str(p.headers().as_ref()?, name).map(|s| s.into_owned())
 }
 
-/// The dead letters of `broker`, by message id.
-async fn dead_letters(broker: &TestBroker) -> HashMap<String, BasicProperties> {
-    broker
-        .drain(&broker.dead_letter_queue())
-        .await
-        .into_iter()
-        .map(|d| {
-            let id = d
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            (id, d.properties)
-        })
-        .collect()
-}
-
 fn pruned_count(consumer: &str, cause: &str) -> Option<f64> {
     value(
         &recorder().render(),
@@ -233,7 +215,7 @@ async fn deep_headers_are_dead_lettered_and_the_messages_behind_them_apply<B: Ba
     );
     running.stop().await.unwrap();
 
-    let letters = dead_letters(&broker).await;
+    let letters = broker.dead_letters().await;
     assert_eq!(letters.len(), sent.len());
     for (id, _, deep) in &sent {
         let p = &letters[id];
@@ -358,7 +340,7 @@ async fn text_that_is_not_utf8_is_dead_lettered_and_the_messages_behind_it_apply
     );
     running.stop().await.unwrap();
 
-    let letters = dead_letters(&broker).await;
+    let letters = broker.dead_letters().await;
     for (case, letter_id, _, _) in &cases {
         let p = letters
             .get(letter_id)
@@ -439,7 +421,8 @@ async fn headers_just_under_the_limits_pass_and_are_retried_intact<B: Backend>()
         (stats.applied, stats.dead_lettered, stats.retried),
         (1, 1, 2),
         "{stats:?}: {:?}",
-        dead_letters(&broker)
+        broker
+            .dead_letters()
             .await
             .values()
             .map(DeadLetterInfo::from_properties)
@@ -459,7 +442,7 @@ async fn headers_just_under_the_limits_pass_and_are_retried_intact<B: Backend>()
     let sent = parse_properties(&with_limits(&failing).encode()[..])
         .expect("lapin reads headers within the limits")
         .1;
-    let letters = dead_letters(&broker).await;
+    let letters = broker.dead_letters().await;
     let letter = &letters[&failing];
     assert_eq!(
         DeadLetterInfo::from_properties(letter).unwrap().reason,
@@ -690,7 +673,7 @@ async fn generated_frames_never_stop_the_consumer<B: Backend>() {
         "seed {seed}"
     );
     running.stop().await.unwrap();
-    let letters = dead_letters(&broker).await;
+    let letters = broker.dead_letters().await;
     for (id, expect) in &expected {
         let applied = db.effects_for(id).await;
         let letter = letters

@@ -78,22 +78,16 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
 
-/// The dead letters of `broker`, by message id.
+/// The dead letters of `broker`, by message id, with warren's record.
 async fn dead_letters(broker: &TestBroker) -> HashMap<String, (DeadLetterInfo, BasicProperties)> {
     broker
-        .drain(&broker.dead_letter_queue())
+        .dead_letters()
         .await
         .into_iter()
-        .map(|d| {
-            let id = d
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            let info = DeadLetterInfo::from_properties(&d.properties)
+        .map(|(id, properties)| {
+            let info = DeadLetterInfo::from_properties(&properties)
                 .expect("every dead letter carries warren's record");
-            (id, (info, d.properties))
+            (id, (info, properties))
         })
         .collect()
 }

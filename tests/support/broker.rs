@@ -1,6 +1,7 @@
 //! Private broker names per test, with helpers to publish and inspect queues,
 //! and a consumer running in the background of a test.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -176,6 +177,23 @@ impl TestBroker {
         }
         let _ = channel.close(200, "ok".into()).await;
         out
+    }
+
+    /// Takes every dead letter of the test's queue, by message id.
+    pub async fn dead_letters(&self) -> HashMap<String, BasicProperties> {
+        self.drain(&self.dead_letter_queue())
+            .await
+            .into_iter()
+            .map(|d| {
+                let id = d
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                (id, d.properties)
+            })
+            .collect()
     }
 
     pub async fn delete_queue(&self, queue: &str) {

@@ -188,13 +188,19 @@ impl<S> FrameGuard<S> {
             self.ready += whole;
             return;
         };
-        let mut frame = Vec::with_capacity(rewritten.len() + FRAMING);
+        self.put_header(channel, &rewritten, whole);
+    }
+
+    /// Puts a content header frame with `payload` on `channel` in place of
+    /// the first `replacing` bytes at `ready`, and moves `ready` past it.
+    fn put_header(&mut self, channel: u16, payload: &[u8], replacing: usize) {
+        let mut frame = Vec::with_capacity(payload.len() + FRAMING);
         frame.push(HEADER);
         frame.extend_from_slice(&channel.to_be_bytes());
-        frame.extend_from_slice(&(rewritten.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&rewritten);
+        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        frame.extend_from_slice(payload);
         frame.push(0xCE);
-        self.splice(self.ready..self.ready + whole, &frame);
+        self.splice(self.ready..self.ready + replacing, &frame);
         self.ready += frame.len();
     }
 
@@ -207,14 +213,7 @@ impl<S> FrameGuard<S> {
         prefix.copy_from_slice(&self.buf[self.ready + 7..self.ready + 19]);
         let carried = self.carried.remove(&channel);
         let payload = inspect::unread(&prefix, whole, carried);
-        let mut frame = Vec::with_capacity(payload.len() + FRAMING);
-        frame.push(HEADER);
-        frame.extend_from_slice(&channel.to_be_bytes());
-        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&payload);
-        frame.push(0xCE);
-        self.splice(self.ready..self.ready + 19, &frame);
-        self.ready += frame.len();
+        self.put_header(channel, &payload, 19);
         self.at = At::Dropping(whole - 19);
     }
 
