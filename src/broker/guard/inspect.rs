@@ -53,19 +53,15 @@ pub(super) struct Carried {
 }
 
 /// Replaces every byte of each invalid UTF-8 sequence in `bytes` with `?`, in
-/// place: the length stays, so the frame around it does too. True if anything
-/// was replaced.
-fn make_utf8(bytes: &mut [u8]) -> bool {
-    let mut changed = false;
+/// place: the length stays, so the frame around it does too.
+fn make_utf8(bytes: &mut [u8]) {
     let mut at = 0;
     while let Err(e) = std::str::from_utf8(&bytes[at..]) {
         let bad = at + e.valid_up_to();
         let len = e.error_len().unwrap_or(bytes.len() - bad);
         bytes[bad..bad + len].fill(b'?');
         at = bad + len;
-        changed = true;
     }
-    changed
 }
 
 /// Checks the short strings of a method frame payload (class, method,
