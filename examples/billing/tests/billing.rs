@@ -215,7 +215,7 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
         "--retry-tiers",
         "200ms,500ms",
     ];
-    let mut run = start_run(billing().args(common), port, Stdio::null()).await;
+    let mut run = start_run(billing().args(common), port).await;
     assert!(http_get(port, "/healthz").await.unwrap().contains("ok"));
 
     let (ok, published, err) = output(billing().args(common).args([
@@ -584,7 +584,7 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
         "--retry-tiers",
         "200ms,500ms",
     ];
-    let mut run = start_run(billing().args(common), port, Stdio::null()).await;
+    let mut run = start_run(billing().args(common), port).await;
 
     let applied = [
         paid("cus_big", "1234567890123456789012345678.90", "EUR"),
@@ -767,15 +767,7 @@ async fn returned_events_put_no_payload_in_the_logs() {
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            http_get(port, "/readyz")
-                .await
-                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-        })
-        .await,
-        "billing run became ready"
-    );
+    wait_ready(&mut run, port, &log_path).await;
     // Without the stand-in downstream queue, the outgoing event has no route and
     // the broker returns it to the relay.
     let connection = std::sync::Arc::new(warren_connect().await);
@@ -846,7 +838,7 @@ async fn run_survives_messages_the_amqp_client_cannot_read() {
         "--database-url",
         schema.url.as_str(),
     ];
-    let mut run = start_run(billing().args(common), port, Stdio::null()).await;
+    let mut run = start_run(billing().args(common), port).await;
 
     let invoice = warren::Outgoing::new(
         "billing.invoice-paid.v1",

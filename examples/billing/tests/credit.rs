@@ -4,7 +4,6 @@
 //! and the order of applied versions must hold.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use warren::broker::BatchItem;
@@ -115,7 +114,7 @@ async fn holders(url: &str) -> Vec<i64> {
 }
 
 async fn start(common: &[String], port: u16) -> tokio::process::Child {
-    start_run(billing().args(common), port, Stdio::null()).await
+    start_run(billing().args(common), port).await
 }
 
 async fn two_processes_share_the_credit_partitions_through_kill_9(url: &str) {

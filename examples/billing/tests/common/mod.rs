@@ -105,28 +105,53 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// Starts `billing run` from `cmd` (flags already set) serving HTTP on `port`,
-/// and waits until `/readyz` answers 200.
-pub(crate) async fn start_run(
-    cmd: &mut Command,
-    port: u16,
-    stderr: Stdio,
-) -> tokio::process::Child {
-    let run = cmd
+/// and waits until `/readyz` answers 200. Its log goes to a file that is read
+/// back only if it never becomes ready.
+pub(crate) async fn start_run(cmd: &mut Command, port: u16) -> tokio::process::Child {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut run = cmd
         .args(["--http", &format!("127.0.0.1:{port}"), "run"])
         .stdout(Stdio::null())
-        .stderr(stderr)
+        .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            http_get(port, "/readyz")
-                .await
-                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-        })
-        .await,
-        "billing run became ready"
-    );
+    wait_ready(&mut run, port, log.path()).await;
     run
+}
+
+/// Waits up to 60 s for `billing run` (`run`, logging to `log`) to answer
+/// `/readyz` with 200. If it exits first or never gets there, fails with what
+/// it printed last, its exit status and its last `/readyz` answer: a test that
+/// only says "not ready" leaves nothing to go on.
+pub(crate) async fn wait_ready(run: &mut tokio::process::Child, port: u16, log: &std::path::Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last_answer = None;
+    let exited = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break Some(status);
+        }
+        if let Some(answer) = http_get(port, "/readyz").await {
+            if answer.starts_with("HTTP/1.1 200") {
+                return;
+            }
+            last_answer = Some(answer);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let printed = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = printed.lines().rev().take(40).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    panic!(
+        "billing run did not become ready: {}; last /readyz answer: {}\nits log ends:\n{}",
+        exited.map_or("still running after 60 s".to_owned(), |s| format!(
+            "it exited with {s}"
+        )),
+        last_answer.as_deref().unwrap_or("none (nothing listening)"),
+        tail.join("\n")
+    );
 }
 
 pub(crate) fn line_value(out: &str, label: &str) -> Option<i64> {
