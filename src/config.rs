@@ -25,6 +25,16 @@ pub const DEFAULT_BATCH_SIZE: usize = 32;
 /// Default wall time after which a batch stops taking its next message and
 /// commits what it applied: bounds how long one batch holds a SQLite write lock.
 pub const DEFAULT_BATCH_TIME_LIMIT: Duration = Duration::from_millis(100);
+/// Default longest wait for a row lock inside a transaction over several
+/// messages: past it the wait fails as a lock conflict and the batch is split.
+pub const DEFAULT_BATCH_LOCK_TIMEOUT: Duration = Duration::from_millis(100);
+/// The longest batch lock timeout accepted.
+pub const MAX_BATCH_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default number of times a message that ran into a lock conflict alone runs
+/// again at once, before the conflict counts as a transient failure.
+pub const DEFAULT_CONFLICT_RETRIES: u32 = 5;
+/// The most conflict retries accepted.
+pub const MAX_CONFLICT_RETRIES: u32 = 100;
 /// The largest batch size accepted.
 pub const MAX_BATCH_SIZE: usize = 1000;
 /// Default time in-flight messages get to finish after shutdown is requested.
@@ -85,6 +95,10 @@ pub struct ConsumerConfig {
     pub(crate) batch_time_limit: Duration,
     /// How one message's failure is kept from the others of its batch.
     pub(crate) batch_isolation: BatchIsolation,
+    /// Longest wait for a row lock in a transaction over several messages.
+    pub(crate) batch_lock_timeout: Duration,
+    /// Immediate reruns of a message alone after a lock conflict.
+    pub(crate) conflict_retries: u32,
     /// Largest accepted body, in bytes.
     pub(crate) max_body_bytes: usize,
     /// How long in-flight messages may take to finish after shutdown is requested.
@@ -203,6 +217,8 @@ impl ConsumerConfig {
                 batch_size: DEFAULT_BATCH_SIZE,
                 batch_time_limit: DEFAULT_BATCH_TIME_LIMIT,
                 batch_isolation: BatchIsolation::Replay,
+                batch_lock_timeout: DEFAULT_BATCH_LOCK_TIMEOUT,
+                conflict_retries: DEFAULT_CONFLICT_RETRIES,
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
                 retry: RetryPolicy::default(),
@@ -291,6 +307,18 @@ impl ConsumerConfig {
     /// The wall time after which a batch commits what it applied so far.
     pub fn batch_time_limit(&self) -> Duration {
         self.batch_time_limit
+    }
+
+    /// The longest a transaction over several messages waits for a row lock
+    /// before the wait fails as a lock conflict.
+    pub fn batch_lock_timeout(&self) -> Duration {
+        self.batch_lock_timeout
+    }
+
+    /// How many times a message that ran into a lock conflict alone runs again
+    /// at once before the conflict counts as a transient failure.
+    pub fn conflict_retries(&self) -> u32 {
+        self.conflict_retries
     }
 
     /// The largest accepted body, in bytes.

@@ -3,7 +3,7 @@
 //! relay beside it. What happens to each delivery is the pipeline's.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -27,7 +27,7 @@ use crate::session::{
     log_task_end, monitor,
 };
 use crate::store::Store;
-use crate::telemetry::{StatsHandle, Telemetry};
+use crate::telemetry::StatsHandle;
 use crate::topology::Topology;
 
 /// A consumer: configuration, a store, and a routing table, ready to
@@ -46,17 +46,13 @@ impl<S: Store> Consumer<S> {
     where
         St: Clone + Send + Sync + 'static,
     {
-        let telemetry = Telemetry::new(&config.name, &config.queue);
         Self {
-            inner: Arc::new(Pipeline {
+            inner: Arc::new(Pipeline::new(
                 config,
                 store,
-                registry: registry.erase(),
-                telemetry,
-                signer: OnceLock::new(),
-                barrier: SoloBarrier::process(),
-                forwarded: Default::default(),
-            }),
+                registry.erase(),
+                SoloBarrier::process(),
+            )),
             shared: None,
         }
     }
@@ -355,7 +351,10 @@ impl<S: Store> Consumer<S> {
         F: Future<Output = ()> + Send,
     {
         let mut dispatcher =
-            Dispatcher::new(self.inner.config.batch_size(), self.inner.config.lanes());
+            Dispatcher::new(self.inner.batch_size.clone(), self.inner.config.lanes());
+        self.inner
+            .telemetry
+            .batch_size_now(self.inner.batch_size.get());
         let lanes = Arc::new(Lanes::default());
         // Whatever ends the session, lanes take nothing more from it.
         let _close_lanes = CloseOnDrop(Arc::clone(&lanes));

@@ -9,12 +9,8 @@ use crate::amqp::{PERSISTENT, header_int, header_str, text, time, truncate};
 use crate::headers::{
     HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
     HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE,
-    HEADER_REASON,
+    HEADER_REASON, MAX_ERROR_LEN,
 };
-
-/// Error texts are cut to this many bytes: enough to diagnose, too little to carry
-/// a payload along by accident.
-pub(crate) const MAX_ERROR_LEN: usize = 2000;
 
 /// What a dead-lettered copy records about its failure.
 #[derive(Debug, Clone, PartialEq, Eq)]

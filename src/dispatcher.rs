@@ -14,6 +14,8 @@
 //! `multiple` only below every delivery still open.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::broker::Delivery;
 use crate::config::LaneKey;
@@ -58,21 +60,69 @@ pub(crate) fn is_suspect(delivery: &Delivery) -> bool {
     delivery.redelivered
 }
 
+/// The size of the batches a consumer forms now, between 1 and its
+/// configured batch size: halved by every lock conflict between units of work,
+/// grown by one by every batch that ran clean. Conflicts come from batches
+/// that lock the same rows in different orders; smaller batches hold fewer
+/// locks for less time, so they collide less, and a run without conflicts
+/// keeps the full size. Clones share the size (the partitions of one
+/// consumer).
+#[derive(Debug, Clone)]
+pub(crate) struct BatchSize {
+    now: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl BatchSize {
+    /// Starts at `max` (at least 1).
+    pub(crate) fn new(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            now: Arc::new(AtomicUsize::new(max)),
+            max,
+        }
+    }
+
+    /// The size now.
+    pub(crate) fn get(&self) -> usize {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    /// A lock conflict: halves the size, down to 1.
+    pub(crate) fn conflict(&self) {
+        let _ = self
+            .now
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some((n / 2).max(1))
+            });
+    }
+
+    /// A batch ran clean: grows the size by one, up to the configured size.
+    /// True if it grew.
+    pub(crate) fn grow(&self) -> bool {
+        self.now
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+}
+
 /// Buffers deliveries and forms the work that runs next.
 #[derive(Debug)]
 pub(crate) struct Dispatcher {
-    batch_size: usize,
+    batch_size: BatchSize,
     lanes: Option<LaneKey>,
     /// With each delivery, its lane key, if it has one.
     buffered: VecDeque<(Delivery, Option<String>)>,
 }
 
 impl Dispatcher {
-    /// A dispatcher that forms batches of at most `batch_size` (at least 1) and
-    /// puts deliveries in lanes by `lanes`, if set.
-    pub(crate) fn new(batch_size: usize, lanes: Option<LaneKey>) -> Self {
+    /// A dispatcher that forms batches of at most `batch_size` as it is at
+    /// the time, and puts deliveries in lanes by `lanes`, if set.
+    pub(crate) fn new(batch_size: BatchSize, lanes: Option<LaneKey>) -> Self {
         Self {
-            batch_size: batch_size.max(1),
+            batch_size,
             lanes,
             buffered: VecDeque::new(),
         }
@@ -92,9 +142,9 @@ impl Dispatcher {
         self.buffered.len()
     }
 
-    /// The largest batch this dispatcher forms.
+    /// The largest batch this dispatcher forms now.
     pub(crate) fn batch_size(&self) -> usize {
-        self.batch_size
+        self.batch_size.get()
     }
 
     /// The next work from what is already buffered, oldest first, never waiting
@@ -108,8 +158,9 @@ impl Dispatcher {
         if is_suspect(&first) {
             return Some(Work::Batch(Batch::of(first)));
         }
+        let size = self.batch_size.get();
         let mut deliveries = vec![first];
-        while deliveries.len() < self.batch_size
+        while deliveries.len() < size
             && self
                 .buffered
                 .front()
@@ -167,7 +218,7 @@ mod tests {
 
     #[test]
     fn batches_keep_broker_order_and_never_wait_for_more() {
-        let mut d = Dispatcher::new(1, None);
+        let mut d = Dispatcher::new(BatchSize::new(1), None);
         assert!(d.next_batch().is_none());
         for tag in 1..=3 {
             d.push(delivery(tag));
@@ -179,7 +230,7 @@ mod tests {
             })
             .collect();
         assert_eq!(tags, [1, 2, 3]);
-        let mut d = Dispatcher::new(2, None);
+        let mut d = Dispatcher::new(BatchSize::new(2), None);
         for tag in 1..=3 {
             d.push(delivery(tag));
         }
@@ -194,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_suspect_runs_alone_and_never_joins_a_batch() {
-        let mut d = Dispatcher::new(8, None);
+        let mut d = Dispatcher::new(BatchSize::new(8), None);
         d.push(delivery(1));
         d.push(delivery(2));
         d.push(redelivery(3));
@@ -218,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_lane_delivery_goes_to_its_lane_and_ends_the_batch_before_it() {
-        let mut d = Dispatcher::new(8, Some(LaneKey::Header("k".into())));
+        let mut d = Dispatcher::new(BatchSize::new(8), Some(LaneKey::Header("k".into())));
         let keyed = |tag: u64, key: &str| {
             let mut headers = lapin::types::FieldTable::default();
             headers.insert("k".into(), crate::amqp::text(key));
@@ -242,5 +293,41 @@ mod tests {
             });
         }
         assert_eq!(seen, ["[1, 2]", "a:3", "[4]", "a:5"]);
+    }
+
+    #[test]
+    fn the_batch_size_halves_on_conflicts_and_grows_back_one_by_one() {
+        let size = BatchSize::new(32);
+        assert!(!size.grow(), "a run without conflicts keeps the full size");
+        assert_eq!(size.get(), 32);
+        size.conflict();
+        assert_eq!(size.get(), 16);
+        for _ in 0..10 {
+            size.conflict();
+        }
+        assert_eq!(size.get(), 1, "never below one");
+        let shared = size.clone();
+        for _ in 0..40 {
+            shared.grow();
+        }
+        assert_eq!(
+            size.get(),
+            32,
+            "grows back to the configured size, no further"
+        );
+
+        let mut d = Dispatcher::new(size.clone(), None);
+        for tag in 1..=8 {
+            d.push(delivery(tag));
+        }
+        size.conflict();
+        size.conflict();
+        size.conflict();
+        size.conflict();
+        assert_eq!(
+            d.next_batch().unwrap().deliveries.len(),
+            2,
+            "batches are formed at the size of the moment"
+        );
     }
 }

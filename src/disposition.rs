@@ -1,12 +1,42 @@
 //! What a delivery's outcome means: a pure decision from what happened in the
-//! transaction, the message's history and the retry policy, to what to tell the
-//! broker. Carrying it out is the pipeline's `settle`, a separate step.
+//! transaction, the message's history, the retry policy and the time, to what
+//! to tell the broker. Carrying it out is the pipeline's `settle`, a separate
+//! step.
 
 use std::time::Duration;
 
 use crate::failure::{DeadLetterReason, HandlerError};
-use crate::retry::{RetryDecision, RetryPolicy};
-use crate::store::{StoreError, is_connection_error, is_permanent_data_error};
+use crate::retry::{Delay, RetryDecision, RetryPolicy};
+use crate::store::{
+    StoreError, is_after_abort, is_connection_error, is_lock_conflict, is_permanent_data_error,
+};
+
+/// How a delivery's earlier life reads from its (verified) headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct History {
+    /// Failed attempts before this one (`x-warren-attempt`, believed only under
+    /// warren's signature).
+    pub(crate) failed_attempts: u32,
+    /// When a strict-sequence gap started waiting (milliseconds since the
+    /// epoch), if this is a parked copy.
+    pub(crate) gap_since_ms: Option<i64>,
+}
+
+impl History {
+    /// The number of the attempt now starting.
+    pub(crate) fn attempt(&self) -> u32 {
+        self.failed_attempts.saturating_add(1)
+    }
+}
+
+/// What the decision weighs besides the outcome and the history.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules<'a> {
+    /// Delay tiers and the attempt limit.
+    pub(crate) retry: &'a RetryPolicy,
+    /// How long a strict-sequence gap may wait for the versions before it.
+    pub(crate) gap_patience: Duration,
+}
 
 /// What the transaction did when it committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +103,14 @@ pub(crate) enum Disposition {
         /// Why, for the log.
         error: String,
     },
+    /// On a partition queue, the delivery's key belongs to partition `home`:
+    /// send a copy to `queue`, that partition's, then ack.
+    Forward {
+        /// The partition the key hashes to.
+        home: u32,
+        /// Its queue.
+        queue: String,
+    },
     /// A suspect outran its solo deadline: put the delivery itself back
     /// (`nack` with requeue), so that it stays a suspect and its recorded solo
     /// run counts like a crash.
@@ -94,9 +132,44 @@ impl Disposition {
     }
 }
 
-/// Decides what `applied` means for attempt number `attempt` (1-based) under
-/// `policy`. Pure: no I/O, no clock.
+/// Decides what `applied` means for a delivery with `history`, at `now_ms`
+/// (milliseconds since the epoch). Pure: no I/O, and the time is given.
+///
+/// A version gap parks the message in the shortest tier without using an
+/// attempt, until the gap patience runs out; then it is dead-lettered as
+/// `version-gap`.
 pub(crate) fn decide(
+    applied: Result<Applied, Failure>,
+    history: &History,
+    rules: Rules<'_>,
+    now_ms: i64,
+) -> Disposition {
+    let Err(Failure::Handler(HandlerError::VersionGap(gap))) = &applied else {
+        return decide_attempt(applied, history.attempt(), rules.retry);
+    };
+    let since_ms = history.gap_since_ms.unwrap_or(now_ms);
+    let waited = Duration::from_millis(u64::try_from(now_ms - since_ms).unwrap_or(0));
+    match rules.retry.tiers().first() {
+        Some(&delay) if waited < rules.gap_patience => Disposition::Park {
+            delay,
+            since_ms,
+            error: gap.to_string(),
+        },
+        _ => Disposition::dead_letter(
+            DeadLetterReason::VersionGap,
+            format!(
+                "{gap}; waited {} for the versions before it (gap patience {})",
+                Delay(waited),
+                Delay(rules.gap_patience)
+            ),
+            history.attempt(),
+        ),
+    }
+}
+
+/// Decides what `applied` means for attempt number `attempt` (1-based) under
+/// `policy`, a version gap aside.
+fn decide_attempt(
     applied: Result<Applied, Failure>,
     attempt: u32,
     policy: &RetryPolicy,
@@ -173,6 +246,29 @@ pub(crate) fn is_outage(failure: &Failure) -> bool {
     }
 }
 
+/// True if `failure` is a lock conflict with another transaction (a
+/// deadlock, a serialization failure, a lock wait past its timeout), from
+/// warren's own statements or the handler's: rerun at once in a fresh
+/// transaction, at no cost of an attempt, before it counts as transient.
+pub(crate) fn is_conflict(failure: &Failure) -> bool {
+    match failure {
+        Failure::Handler(e) => database_error_in(e.error(), is_lock_conflict),
+        Failure::Store(e) => e.is_lock_conflict(),
+        Failure::Panic(_) | Failure::Aborted(_) => false,
+    }
+}
+
+/// True if `failure` is a handler's statement refused because an earlier
+/// statement had aborted the transaction (PostgreSQL): in a unit of several,
+/// the handler that ignored that earlier failure may be another message's,
+/// so the failure names no message.
+pub(crate) fn is_after_abort_of(failure: &Failure) -> bool {
+    match failure {
+        Failure::Handler(e) => database_error_in(e.error(), is_after_abort),
+        _ => false,
+    }
+}
+
 /// Asks `test` of the first database error in `error`'s chain (a handler may
 /// wrap it); false if there is none.
 fn database_error_in(
@@ -209,13 +305,16 @@ mod tests {
     #[test]
     fn committed_and_duplicates_are_acked() {
         for applied in [Applied::Committed, Applied::Duplicate] {
-            assert_eq!(decide(Ok(applied), 1, &policy()), Disposition::Ack(applied));
+            assert_eq!(
+                decide_attempt(Ok(applied), 1, &policy()),
+                Disposition::Ack(applied)
+            );
         }
     }
 
     #[test]
     fn permanent_failures_are_dead_lettered_at_once() {
-        let d = decide(
+        let d = decide_attempt(
             Err(Failure::Handler(HandlerError::permanent("never"))),
             1,
             &policy(),
@@ -230,15 +329,15 @@ mod tests {
     fn transient_failures_climb_the_tiers_then_are_exhausted() {
         let failed = || Err(Failure::Handler(HandlerError::transient("later")));
         assert!(matches!(
-            decide(failed(), 1, &policy()),
+            decide_attempt(failed(), 1, &policy()),
             Disposition::Retry { delay, attempt: 1, .. } if delay == 100 * MS
         ));
         assert!(matches!(
-            decide(failed(), 2, &policy()),
+            decide_attempt(failed(), 2, &policy()),
             Disposition::Retry { delay, attempt: 2, .. } if delay == 200 * MS
         ));
         assert_eq!(
-            decide(failed(), 3, &policy()),
+            decide_attempt(failed(), 3, &policy()),
             Disposition::DeadLetter {
                 reason: DeadLetterReason::RetriesExhausted,
                 error: "later".into(),
@@ -247,7 +346,7 @@ mod tests {
         );
         assert!(
             matches!(
-                decide(failed(), u32::MAX, &policy()),
+                decide_attempt(failed(), u32::MAX, &policy()),
                 Disposition::DeadLetter {
                     reason: DeadLetterReason::RetriesExhausted,
                     ..
@@ -263,7 +362,7 @@ mod tests {
             HandlerError::transient("rate limited").retry_after(150 * MS),
         ));
         assert!(matches!(
-            decide(failed, 1, &policy()),
+            decide_attempt(failed, 1, &policy()),
             Disposition::Retry { delay, .. } if delay == 200 * MS
         ));
     }
@@ -271,11 +370,11 @@ mod tests {
     #[test]
     fn panics_and_aborted_transactions_are_transient() {
         assert!(matches!(
-            decide(Err(Failure::Panic("boom".into())), 1, &policy()),
+            decide_attempt(Err(Failure::Panic("boom".into())), 1, &policy()),
             Disposition::Retry { error, .. } if error.contains("boom")
         ));
         assert!(matches!(
-            decide(Err(Failure::Aborted(StoreError::Config("x".into()))), 1, &policy()),
+            decide_attempt(Err(Failure::Aborted(StoreError::Config("x".into()))), 1, &policy()),
             Disposition::Retry { error, .. } if error.contains("ignore a database error")
         ));
     }
@@ -283,13 +382,13 @@ mod tests {
     #[test]
     fn database_outages_return_the_message_without_an_attempt() {
         assert!(matches!(
-            decide(Err(Failure::Store(outage())), 1, &policy()),
+            decide_attempt(Err(Failure::Store(outage())), 1, &policy()),
             Disposition::Return { .. }
         ));
         // A handler that `?`-ed a lost connection: the error is in its chain.
         let handler = HandlerError::transient(outage());
         assert!(matches!(
-            decide(Err(Failure::Handler(handler)), 3, &policy()),
+            decide_attempt(Err(Failure::Handler(handler)), 3, &policy()),
             Disposition::Return { .. }
         ));
     }
@@ -298,8 +397,71 @@ mod tests {
     fn other_store_errors_use_up_attempts() {
         let other = StoreError::Config("constraint at commit".into());
         assert!(matches!(
-            decide(Err(Failure::Store(other)), 1, &policy()),
+            decide_attempt(Err(Failure::Store(other)), 1, &policy()),
             Disposition::Retry { attempt: 1, .. }
         ));
+    }
+
+    #[test]
+    fn a_version_gap_parks_without_an_attempt_until_its_patience_runs_out() {
+        let gap = || {
+            Err(Failure::Handler(HandlerError::VersionGap(
+                crate::failure::VersionGap {
+                    entity: "cus_1".into(),
+                    stored: 3,
+                    got: 5,
+                },
+            )))
+        };
+        let rules = Rules {
+            retry: &policy(),
+            gap_patience: Duration::from_secs(10),
+        };
+        let first = History::default();
+        assert_eq!(
+            decide(gap(), &first, rules, 1_000),
+            Disposition::Park {
+                delay: 100 * MS,
+                since_ms: 1_000,
+                error: "version gap for \"cus_1\": expected version 4, got version 5".into()
+            },
+            "the first wait starts now"
+        );
+        let parked = History {
+            failed_attempts: 0,
+            gap_since_ms: Some(1_000),
+        };
+        assert!(matches!(
+            decide(gap(), &parked, rules, 10_999),
+            Disposition::Park {
+                since_ms: 1_000,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decide(gap(), &parked, rules, 11_000),
+            Disposition::DeadLetter {
+                reason: DeadLetterReason::VersionGap,
+                attempts: 1,
+                ..
+            }
+        ));
+        // A clock that went back counts as no wait at all.
+        assert!(matches!(
+            decide(gap(), &parked, rules, 0),
+            Disposition::Park {
+                since_ms: 1_000,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn lock_conflicts_are_told_apart_from_other_failures() {
+        assert!(!is_conflict(&Failure::Panic("x".into())));
+        assert!(!is_conflict(&Failure::Store(outage())));
+        assert!(!is_conflict(&Failure::Handler(HandlerError::transient(
+            "x"
+        ))));
     }
 }

@@ -19,6 +19,9 @@ use sha2::Sha256;
 
 use crate::amqp::{header_str, text, truncate};
 
+mod copies;
+pub(crate) use copies::{dead_letter_copy, onward_copy, original_route, park_copy, retry_copy};
+
 /// Header: failed attempts so far, set on copies sent to retry tiers. warren
 /// counts attempts here, never in `x-death`.
 pub const HEADER_ATTEMPT: &str = "x-warren-attempt";
@@ -91,6 +94,10 @@ pub(crate) const BROKER_HEADERS: &[&str] = &[
     "x-last-death-reason",
     "x-delivery-count",
 ];
+
+/// Error texts are cut to this many bytes: enough to diagnose, too little to carry
+/// a payload along by accident.
+pub(crate) const MAX_ERROR_LEN: usize = 2000;
 
 /// Error texts in a copy are cut to this when its headers would not fit a frame.
 const SHRUNK_ERROR_LEN: usize = 200;

@@ -4,36 +4,41 @@
 //! deliver -> validate -> BEGIN; claim inbox; handler; outbox rows; COMMIT -> ack
 //! ```
 //!
-//! [`Pipeline::run`] reads as that rule for a batch of deliveries, each isolated:
-//! validate and route (pure), the poison check, apply (the transaction), decide
-//! (pure, in `disposition`), settle (tell the broker, through a [`Port`]). Only
-//! `settle` speaks to the broker, and it acks only what `apply` committed or
-//! found already committed.
+//! [`Pipeline::run`] reads as that rule for the deliveries the dispatcher
+//! handed out together (one, a batch, or a suspect alone): take each in and
+//! validate and route it (pure); apply the valid ones in units of work, each
+//! one database transaction (`engine`, the one place a transaction runs);
+//! decide what each outcome means (pure, in `disposition`); settle it with the
+//! broker (`settle`, through a [`Port`]); and [`finish`](Pipeline::finish) it,
+//! the one point where every delivery's outcome is known with its attempt,
+//! error and timing. Only `settle` speaks to the broker, and it acks only what
+//! a unit committed or found already committed.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use futures_util::FutureExt;
 
 use crate::amqp::header_int;
 use crate::broker::guard::Cause;
 use crate::broker::{Delivery, Port};
 use crate::config::ConsumerConfig;
-use crate::dispatcher::{Batch, SoloBarrier};
-use crate::disposition::{Applied, Disposition, Failure, decide};
+use crate::dispatcher::{Batch, BatchSize, SoloBarrier};
+use crate::disposition::{Disposition, History, Rules};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
-use crate::failpoint;
 use crate::failure::DeadLetterReason;
-use crate::failure::HandlerError;
 use crate::handler::BoundCall;
 use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, Signer};
-use crate::partition;
+use crate::partition::{self, KeyError};
 use crate::registry::Registry;
-use crate::store::{InboxEntry, Store};
+use crate::store::Store;
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
+use crate::version::GatedVersion;
+
+mod engine;
+mod settle;
+mod suspect;
 
 /// Everything one consumer applies deliveries with.
 pub(crate) struct Pipeline<S: Store> {
@@ -46,125 +51,164 @@ pub(crate) struct Pipeline<S: Store> {
     pub(crate) signer: OnceLock<Signer>,
     /// Suspects run alone in the process: shared by every consumer in it.
     pub(crate) barrier: SoloBarrier,
+    /// How many deliveries the dispatcher puts in a batch now: fewer after a
+    /// lock conflict, back to the configured size as batches run clean.
+    pub(crate) batch_size: BatchSize,
     /// Deliveries sent on to the partition their key belongs to: the first,
     /// the tenth, the hundredth... are logged as warnings.
     pub(crate) forwarded: std::sync::atomic::AtomicU64,
 }
 
-/// A delivery taken in: signature checked, history read, clock started.
+/// A delivery taken in: signature checked, history read, partition key
+/// parsed, clock started.
 struct Admitted {
     delivery: Delivery,
     history: History,
+    /// The delivery's partition key, parsed once: routing, validation and the
+    /// handler's `Message` all read it here.
+    key: Result<String, KeyError>,
     started: Instant,
     received_at: DateTime<Utc>,
 }
 
-/// A delivery that passed validation and routing, bound to its handler.
-struct Prepared<DB: sqlx::Database> {
+/// A delivery that passed validation and routing, waiting for its unit of
+/// work.
+struct Ready {
+    admitted: Admitted,
     meta: Metadata,
-    call: Box<dyn BoundCall<DB>>,
 }
 
+/// A delivery whose disposition is decided, waiting to be settled.
+struct Finished {
+    admitted: Admitted,
+    /// Its envelope's metadata, if it got that far.
+    meta: Option<Metadata>,
+    disposition: Disposition,
+    /// The entity and version its gate checked, recorded on its copies.
+    gated: Option<GatedVersion>,
+    /// It ran alone as a suspect: once it moves on (a retry tier, a dead
+    /// letter), its recorded solo runs are history and are forgotten.
+    suspect: bool,
+}
+
+/// What the engine decided for one ready delivery.
+type Decided = (Disposition, Option<GatedVersion>);
+
+/// A valid delivery's metadata and its handler call, bound to its payload.
+type Routed<DB> = (Metadata, Box<dyn BoundCall<DB>>);
+
 impl<S: Store> Pipeline<S> {
-    /// Applies a batch of deliveries. A batch the dispatcher marked `alone` (a
-    /// suspect) runs with nothing else running; a batch of several runs in one
-    /// transaction, each message isolated (see `batch`).
+    /// A pipeline that applies deliveries through `registry` in transactions
+    /// of `store`, its suspects waiting on `barrier`.
+    pub(crate) fn new(
+        config: ConsumerConfig,
+        store: S,
+        registry: Registry<S::Db>,
+        barrier: SoloBarrier,
+    ) -> Self {
+        Self {
+            telemetry: Telemetry::new(&config.name, &config.queue),
+            batch_size: BatchSize::new(config.batch_size()),
+            config,
+            store,
+            registry,
+            signer: OnceLock::new(),
+            barrier,
+            forwarded: Default::default(),
+        }
+    }
+
+    /// The rule, for the deliveries of `batch`: each taken in and routed, the
+    /// valid ones applied (alone if `batch` is a suspect), then each settled
+    /// and finished. Returns their outcomes in the order settled.
     pub(crate) async fn run(&self, port: &dyn Port, batch: Batch) -> Vec<Outcome> {
-        if batch.deliveries.len() > 1 && !batch.alone {
-            return self.run_batch(port, batch.deliveries).await;
-        }
-        let mut outcomes = Vec::with_capacity(batch.deliveries.len());
+        let mut ready = Vec::with_capacity(batch.deliveries.len());
+        let mut calls = Vec::with_capacity(batch.deliveries.len());
+        let mut finished = Vec::with_capacity(batch.deliveries.len());
         for delivery in batch.deliveries {
-            outcomes.push(self.run_one(port, delivery, batch.alone).await);
+            let admitted = self.admit(delivery);
+            match self.route(&admitted) {
+                Ok((meta, call)) => {
+                    ready.push(Ready { admitted, meta });
+                    calls.push(call);
+                }
+                Err(disposition) => finished.push(Finished {
+                    admitted,
+                    meta: None,
+                    disposition,
+                    gated: None,
+                    suspect: false,
+                }),
+            }
         }
-        outcomes
+        if !ready.is_empty() {
+            let decided = if batch.alone {
+                self.run_suspect(&ready, calls).await
+            } else {
+                let _shared = self.barrier.shared().await;
+                let first = ready[0].meta.message_id.as_str();
+                self.watch_duration(first, self.apply(&ready, calls, false))
+                    .await
+            };
+            finished.extend(
+                ready
+                    .into_iter()
+                    .zip(decided)
+                    .map(|(ready, (disposition, gated))| Finished {
+                        admitted: ready.admitted,
+                        meta: Some(ready.meta),
+                        disposition,
+                        gated,
+                        suspect: batch.alone,
+                    }),
+            );
+        }
+        self.settle_all(port, finished).await
     }
 
     /// Takes a delivery in: only headers warren signed count as warren's from
-    /// here on, and its history is read. On a partition queue, a delivery
-    /// whose key belongs to another partition is sent there instead: `Err`
-    /// with its recorded outcome.
-    async fn admit(&self, port: &dyn Port, mut delivery: Delivery) -> Result<Admitted, Outcome> {
+    /// here on, its history is read and its partition key parsed.
+    fn admit(&self, mut delivery: Delivery) -> Admitted {
         let started = Instant::now();
         let received_at = Utc::now();
         // Forged headers travel on, set apart, and decide nothing.
         delivery.properties = self.signer().trusted(&delivery.properties);
-        let history = History::of(&delivery);
+        let headers = delivery.properties.headers().as_ref();
+        let history = History {
+            failed_attempts: headers
+                .and_then(|h| header_int(h, HEADER_ATTEMPT))
+                .map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
+            gap_since_ms: headers.and_then(|h| header_int(h, HEADER_GAP_SINCE)),
+        };
+        let key_header = self
+            .config
+            .partitions
+            .as_ref()
+            .map_or(partition::DEFAULT_PARTITION_HEADER, |p| p.header.as_str());
+        let key = partition::key_of(headers, key_header);
         self.telemetry.in_flight(1.0);
         self.record_age(&delivery, received_at);
-        if let Some((home, queue)) = self.home_elsewhere(&delivery) {
-            let outcome = self.forward(port, &delivery, home, &queue).await;
-            self.record(outcome, &delivery, &history, None, started);
-            return Err(outcome);
-        }
-        Ok(Admitted {
+        Admitted {
             delivery,
             history,
+            key,
             started,
             received_at,
-        })
+        }
     }
 
-    /// The rule, for one delivery in a transaction of its own.
-    async fn run_one(&self, port: &dyn Port, delivery: Delivery, alone: bool) -> Outcome {
-        let Admitted {
-            delivery,
-            history,
-            started,
-            received_at,
-        } = match self.admit(port, delivery).await {
-            Ok(admitted) => admitted,
-            Err(outcome) => return outcome,
-        };
-        let mut gated = None;
-
-        let prepared = self.prepare(&delivery, history.attempt());
-        let (disposition, meta) = match prepared {
-            Err(invalid) => (
-                Disposition::dead_letter(invalid.reason, invalid.detail, 1),
-                None,
-            ),
-            Ok(Prepared { meta, call }) => {
-                let entry = inbox_entry(&self.config.name, &meta, received_at);
-                let disposition = if alone {
-                    self.run_alone(call, &meta, &entry, &history, &mut gated)
-                        .await
-                } else {
-                    let _shared = self.barrier.shared().await;
-                    let applied = self
-                        .watch_duration(
-                            &meta.message_id,
-                            self.apply(call, &meta, &entry, false, &mut gated),
-                        )
-                        .await;
-                    self.decide(applied, &history)
-                };
-                (disposition, Some(meta))
-            }
-        };
-        let moved_on = matches!(
-            disposition,
-            Disposition::Retry { .. } | Disposition::DeadLetter { .. } | Disposition::Park { .. }
-        );
-        let outcome = self
-            .settle(port, &delivery, disposition, gated.as_ref())
-            .await;
-
-        // The solo runs recorded for a suspect are its crash history; once the
-        // message moved on (retry tier, dead letter) that history is over. The
-        // applied path cleared them in its own transaction.
-        if let Some(meta) = &meta
-            && alone
-            && moved_on
-            && matches!(
-                outcome,
-                Outcome::Retried | Outcome::DeadLettered(_) | Outcome::Parked
-            )
-        {
-            self.forget_solo_runs(&meta.message_id).await;
+    /// Where a delivery goes before any transaction: `Ok` with its handler
+    /// call if it is valid and belongs here; `Err` with its disposition if it
+    /// belongs to another partition or is invalid. No database, no broker.
+    fn route(
+        &self,
+        admitted: &Admitted,
+    ) -> Result<Routed<S::Db>, Disposition> {
+        if let Some((home, queue)) = self.home_elsewhere(admitted) {
+            return Err(Disposition::Forward { home, queue });
         }
-        self.record(outcome, &delivery, &history, meta.as_ref(), started);
-        outcome
+        self.prepare(admitted)
+            .map_err(|invalid| Disposition::dead_letter(invalid.reason, invalid.detail, 1))
     }
 
     /// On a partition queue: the partition (and its queue) that a delivery's
@@ -173,55 +217,27 @@ impl<S: Store> Pipeline<S> {
     /// rebuild it in another order), or a producer published to the queue
     /// directly. (A missing or ill-typed key is the message's fault, found in
     /// `prepare`.)
-    fn home_elsewhere(&self, delivery: &Delivery) -> Option<(u32, String)> {
+    fn home_elsewhere(&self, admitted: &Admitted) -> Option<(u32, String)> {
         let (Some(seat), Some(p)) = (&self.config.seat, &self.config.partitions) else {
             return None;
         };
         // A delivery the guard pruned is dead-lettered here: its key may be
         // among what was removed.
-        if !self.config.hash_verified || delivery.pruned.is_some() {
+        if !self.config.hash_verified || admitted.delivery.pruned.is_some() {
             return None;
         }
-        let key = partition::key_of(delivery.properties.headers().as_ref(), &p.header).ok()?;
+        let key = admitted.key.as_ref().ok()?;
         let home = partition::partition_of(key.as_bytes(), p.count);
         (home != seat.index).then(|| (home, seat.queue_of(home)))
     }
 
-    /// What the outcome of a transaction means, a version gap included: a gap
-    /// parks the message in the shortest tier, without using an attempt, until
-    /// the gap patience runs out.
-    fn decide(&self, applied: Result<Applied, Failure>, history: &History) -> Disposition {
-        let Err(Failure::Handler(HandlerError::VersionGap(gap))) = &applied else {
-            return decide(applied, history.attempt(), &self.config.retry);
-        };
-        let now = Utc::now().timestamp_millis();
-        let since_ms = history.gap_since_ms.unwrap_or(now);
-        let patience = self.config.gap_patience();
-        let waited = std::time::Duration::from_millis(u64::try_from(now - since_ms).unwrap_or(0));
-        match self.config.retry.tiers().first() {
-            Some(&delay) if waited < patience => Disposition::Park {
-                delay,
-                since_ms,
-                error: gap.to_string(),
-            },
-            _ => Disposition::dead_letter(
-                DeadLetterReason::VersionGap,
-                format!(
-                    "{gap}; waited {} for the versions before it (gap patience {})",
-                    crate::retry::Delay(waited),
-                    crate::retry::Delay(patience)
-                ),
-                history.attempt(),
-            ),
-        }
-    }
-
-    /// Validates the delivery and binds it to its handler. No database, no broker.
+    /// Validates the delivery and binds it to its handler. No database, no
+    /// broker; pure, so a unit that runs a message again binds it again.
     fn prepare(
         &self,
-        delivery: &Delivery,
-        attempt: u32,
-    ) -> Result<Prepared<S::Db>, InvalidMessage> {
+        admitted: &Admitted,
+    ) -> Result<Routed<S::Db>, InvalidMessage> {
+        let delivery = &admitted.delivery;
         if let Some(pruned) = &delivery.pruned {
             // Its headers carry meaning (partition key, warren's history,
             // versions) and some are gone: not applied as it arrived. (An
@@ -229,16 +245,15 @@ impl<S: Store> Pipeline<S> {
             self.telemetry.pruned(pruned.cause);
             return Err(InvalidMessage::new(reason_of(pruned.cause), &pruned.detail));
         }
-        let props = &delivery.properties;
-        if let Some(p) = &self.config.partitions
-            && let Err(partition::KeyError::Invalid(why)) =
-                partition::key_of(props.headers().as_ref(), &p.header)
+        if self.config.partitions.is_some()
+            && let Err(KeyError::Invalid(why)) = &admitted.key
         {
             return Err(InvalidMessage::new(
                 DeadLetterReason::InvalidPartitionKey,
-                why,
+                why.as_str(),
             ));
         }
+        let props = &delivery.properties;
         let envelope = Envelope::parse(
             Incoming {
                 message_id: props.message_id().as_ref().map(|s| s.as_str()),
@@ -257,15 +272,8 @@ impl<S: Store> Pipeline<S> {
                 envelope.payload(),
                 envelope.meta.clone(),
                 delivery.redelivered,
-                attempt,
-                partition::key_of(
-                    props.headers().as_ref(),
-                    self.config
-                        .partitions
-                        .as_ref()
-                        .map_or(partition::DEFAULT_PARTITION_HEADER, |p| p.header.as_str()),
-                )
-                .ok(),
+                admitted.history.attempt(),
+                admitted.key.as_ref().ok().cloned(),
             )
             .map_err(|e| {
                 InvalidMessage::new(
@@ -276,150 +284,14 @@ impl<S: Store> Pipeline<S> {
                     ),
                 )
             })?;
-        Ok(Prepared {
-            meta: envelope.meta,
-            call,
-        })
+        Ok((envelope.meta, call))
     }
 
-    /// A suspect: waits until it can run with no other handler running in the
-    /// process, records in its own committed transaction that it started alone,
-    /// then applies it under the solo deadline.
-    ///
-    /// Only those records count toward the poison limit, on every queue type: a
-    /// broker's delivery count grows for every message a dying process held, and
-    /// a producer can forge the header on a first delivery.
-    async fn run_alone(
-        &self,
-        call: Box<dyn BoundCall<S::Db>>,
-        meta: &Metadata,
-        entry: &InboxEntry<'_>,
-        history: &History,
-        gated: &mut Option<(String, i64)>,
-    ) -> Disposition {
-        let attempt = history.attempt();
-        self.telemetry.suspect_waiting(1.0);
-        let alone = self.barrier.alone().await;
-        self.telemetry.suspect_waiting(-1.0);
-        let runs = match self
-            .store
-            .record_solo_run(&self.config.name, &meta.message_id)
-            .await
-        {
-            Ok(runs) => runs,
-            // Unrecorded, a run would be no evidence: the message goes back as a
-            // fresh copy and intake pauses until the database answers.
-            Err(e) => {
-                return Disposition::Return {
-                    error: format!("cannot record the solo run: {e}"),
-                };
-            }
-        };
-        let limit = self.config.retry.poison_limit();
-        if runs > limit {
-            return Disposition::dead_letter(
-                DeadLetterReason::Poison,
-                format!(
-                    "ran alone {limit} times and the process died each time without an \
-                     outcome being recorded; the handler kills the process"
-                ),
-                attempt,
-            );
-        }
-        self.telemetry.solo_run();
-        // A second or later solo run means the last one ended without an
-        // outcome: the campaign measures how often that happens to healthy
-        // messages from this line.
-        tracing::info!(
-            message_id = %meta.message_id,
-            solo_run = runs,
-            poison_limit = limit,
-            "suspect runs alone"
-        );
-        let deadline = self.config.solo_timeout;
-        let applied =
-            tokio::time::timeout(deadline, self.apply(call, meta, entry, true, gated)).await;
-        drop(alone);
-        match applied {
-            Ok(applied) => self.decide(applied, history),
-            // Dropping the run rolled its transaction back; the recorded run
-            // stays, so a hung handler counts like a crash.
-            Err(_) => Disposition::Requeue {
-                error: format!("ran alone for {deadline:?} without finishing; counted as a crash"),
-            },
-        }
-    }
-
-    /// The transaction: claim, handle, commit.
-    async fn apply(
-        &self,
-        call: Box<dyn BoundCall<S::Db>>,
-        meta: &Metadata,
-        entry: &InboxEntry<'_>,
-        forget_solo_runs: bool,
-        gated: &mut Option<(String, i64)>,
-    ) -> Result<Applied, Failure> {
-        let mut tx = self.store.begin().await.map_err(Failure::Store)?;
-        tx.set_cause(meta.clone());
-        // The insert is the claim: a copy in flight elsewhere blocks here until the
-        // first commits, then finds the row and backs off.
-        let claimed = self
-            .store
-            .claim(&mut tx, entry)
-            .await
-            .map_err(Failure::Store)?;
-        if forget_solo_runs {
-            self.store
-                .clear_solo_runs(Some(&mut tx), entry.consumer_name, entry.message_id)
-                .await
-                .map_err(Failure::Store)?;
-        }
-        if !claimed {
-            // Commit rather than roll back only when there is a solo run
-            // to forget; otherwise nothing was written.
-            if forget_solo_runs {
-                tx.commit().await.map_err(Failure::Store)?;
-            } else {
-                let _ = tx.rollback().await;
-            }
-            return Ok(Applied::Duplicate);
-        }
-        let called = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
-        gated.clone_from(&tx.gated().entity);
-        match called {
-            Ok(Ok(())) => {
-                let enqueued = tx.enqueued();
-                let stale = tx.gated().stale;
-                failpoint::hit("before-commit");
-                // The commit checks first that the transaction can still commit:
-                // a handler that ignored a failed statement is not acked.
-                tx.commit().await.map_err(|e| {
-                    if e.is_aborted() {
-                        Failure::Aborted(e)
-                    } else {
-                        Failure::Store(e)
-                    }
-                })?;
-                if enqueued > 0 {
-                    self.store.wakeups().wake();
-                }
-                failpoint::hit("after-commit-before-ack");
-                Ok(if stale {
-                    Applied::Stale
-                } else {
-                    Applied::Committed
-                })
-            }
-            Ok(Err(e)) => {
-                let _ = tx.rollback().await;
-                Err(Failure::Handler(e))
-            }
-            Err(panic) => {
-                // The transaction may be mid-statement; dropping it rolls it back.
-                drop(tx);
-                self.telemetry.panic();
-                Err(Failure::Panic(panic_message(&*panic)))
-            }
+    /// What the decision weighs besides the outcome and the history.
+    fn rules(&self) -> Rules<'_> {
+        Rules {
+            retry: &self.config.retry,
+            gap_patience: self.config.gap_patience(),
         }
     }
 
@@ -427,20 +299,6 @@ impl<S: Store> Pipeline<S> {
         self.signer
             .get()
             .expect("the signing key is loaded before any delivery is taken")
-    }
-
-    /// Drops the solo runs of a message that moved on. A count left behind is
-    /// harmless for the message (it is not delivered again), but is logged and
-    /// counted: a store that keeps failing here needs looking at.
-    async fn forget_solo_runs(&self, message_id: &str) {
-        if let Err(e) = self
-            .store
-            .clear_solo_runs(None, &self.config.name, message_id)
-            .await
-        {
-            self.telemetry
-                .bookkeeping_error("clear_solo_runs", message_id, &e);
-        }
     }
 
     /// Runs `work`, warning once if it takes longer than the configured share of
@@ -475,15 +333,17 @@ impl<S: Store> Pipeline<S> {
         }
     }
 
-    fn record(
-        &self,
-        outcome: Outcome,
-        delivery: &Delivery,
-        history: &History,
-        meta: Option<&Metadata>,
-        started: Instant,
-    ) {
-        let fields = match meta {
+    /// The one point where a delivery's outcome is known, with its delivery,
+    /// attempt, error and timing: counted, measured and logged here, and
+    /// nowhere else.
+    fn finish(&self, f: &Finished, outcome: Outcome) {
+        let Admitted {
+            delivery,
+            history,
+            started,
+            ..
+        } = &f.admitted;
+        let fields = match &f.meta {
             Some(m) => MessageFields {
                 message_id: &m.message_id,
                 event_type: &m.event_type,
@@ -503,67 +363,6 @@ impl<S: Store> Pipeline<S> {
         self.telemetry.in_flight(-1.0);
     }
 }
-
-fn inbox_entry<'a>(
-    consumer_name: &'a str,
-    meta: &'a Metadata,
-    received_at: DateTime<Utc>,
-) -> InboxEntry<'a> {
-    InboxEntry {
-        consumer_name,
-        message_id: &meta.message_id,
-        event_type: &meta.event_type,
-        correlation_id: Some(&meta.correlation_id),
-        received_at,
-    }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "handler panicked".to_owned()
-    }
-}
-
-/// How a delivery's earlier life reads from its (verified) headers.
-struct History {
-    /// Failed attempts before this one (`x-warren-attempt`, believed only under
-    /// warren's signature).
-    failed_attempts: u32,
-    /// When a strict-sequence gap started waiting, if this is a parked copy.
-    gap_since_ms: Option<i64>,
-}
-
-impl History {
-    fn of(delivery: &Delivery) -> Self {
-        let attempts = delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| header_int(h, HEADER_ATTEMPT))
-            .unwrap_or(0);
-        let gap_since_ms = delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| header_int(h, HEADER_GAP_SINCE));
-        Self {
-            failed_attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
-            gap_since_ms,
-        }
-    }
-
-    /// The number of the attempt now starting.
-    fn attempt(&self) -> u32 {
-        self.failed_attempts.saturating_add(1)
-    }
-}
-
-mod batch;
-mod settle;
 
 /// The dead-letter reason for what the frame guard found: the same name.
 fn reason_of(cause: Cause) -> DeadLetterReason {

@@ -91,6 +91,12 @@ pub struct ConsumerStats {
     /// Deliveries sent on to the partition their key belongs to (the broker's
     /// hash ring is not in the order warren declared).
     pub forwarded: u64,
+    /// Units of work that ran into a lock conflict and ran again at once
+    /// (split in halves, or alone once more), at no cost of an attempt.
+    pub conflict_retries: u64,
+    /// The size the consumer forms batches at now: its configured batch size,
+    /// less after lock conflicts (0 before it first consumes).
+    pub batch_size: u64,
 }
 
 #[derive(Debug)]
@@ -117,6 +123,8 @@ struct Counters {
     batches: AtomicU64,
     batched: AtomicU64,
     forwarded: AtomicU64,
+    conflict_retries: AtomicU64,
+    batch_size: AtomicU64,
 }
 
 impl Default for Counters {
@@ -141,6 +149,8 @@ impl Default for Counters {
             batches: AtomicU64::new(0),
             batched: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
+            conflict_retries: AtomicU64::new(0),
+            batch_size: AtomicU64::new(0),
         }
     }
 }
@@ -227,6 +237,8 @@ impl StatsHandle {
             batches: get(&c.batches),
             batched: get(&c.batched),
             forwarded: get(&c.forwarded),
+            conflict_retries: get(&c.conflict_retries),
+            batch_size: get(&c.batch_size),
         }
     }
 }
@@ -500,6 +512,25 @@ impl Telemetry {
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.batched.fetch_add(size as u64, Ordering::Relaxed);
         metrics::histogram!("consumer_batch_size", &self.labels()).record(size as f64);
+    }
+
+    /// A unit of work ran into a lock conflict and runs again (split, or
+    /// alone once more).
+    pub(crate) fn conflict_retry(&self) {
+        self.stats
+            .0
+            .conflict_retries
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("consumer_conflict_retries_total", &self.labels()).increment(1);
+    }
+
+    /// The size the dispatcher forms batches at now.
+    pub(crate) fn batch_size_now(&self, size: usize) {
+        self.stats
+            .0
+            .batch_size
+            .store(size as u64, Ordering::Relaxed);
+        metrics::gauge!("consumer_batch_size_limit", &self.labels()).set(size as f64);
     }
 
     /// A suspect starts its solo run.

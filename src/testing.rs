@@ -104,8 +104,8 @@
 //! ```
 
 use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use lapin::BasicProperties;
@@ -125,7 +125,7 @@ use crate::outgoing::Outgoing;
 use crate::pipeline::Pipeline;
 use crate::registry::Registry;
 use crate::store::{OutboxStore, Store, StoreError};
-use crate::telemetry::{ConsumerStats, Outcome, Telemetry};
+use crate::telemetry::{ConsumerStats, Outcome};
 
 mod outbox_message;
 
@@ -224,14 +224,11 @@ impl<S: OutboxStore> TestConsumer<S> {
         store.migrate().await?;
         let key = store.signing_key().await?;
         Ok(Self {
-            pipeline: Pipeline {
-                telemetry: Telemetry::new(&config.name, &config.queue),
-                config,
-                store,
-                registry: registry.erase(),
-                signer: OnceLock::from(Signer::new(&key)),
-                barrier: SoloBarrier::process(),
-                forwarded: Default::default(),
+            pipeline: {
+                let pipeline =
+                    Pipeline::new(config, store, registry.erase(), SoloBarrier::process());
+                let _ = pipeline.signer.set(Signer::new(&key));
+                pipeline
             },
             broker: MemoryBroker::default(),
             next_tag: AtomicU64::new(1),

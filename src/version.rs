@@ -59,9 +59,18 @@ pub(crate) fn decide(mode: VersionMode, stored: i64, version: i64) -> Result<Ver
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Gated {
     /// The entity and the version checked, from the last call.
-    pub(crate) entity: Option<(String, i64)>,
+    pub(crate) entity: Option<GatedVersion>,
     /// The last call found the version stale.
     pub(crate) stale: bool,
+}
+
+/// An entity and the version of it the gate checked.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct GatedVersion {
+    /// The entity, as the handler named it.
+    pub(crate) entity: String,
+    /// The version checked.
+    pub(crate) version: i64,
 }
 
 #[cfg(test)]

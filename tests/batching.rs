@@ -89,7 +89,11 @@ async fn failures_stay_with_their_message<B: Backend>(isolation: BatchIsolation)
         "the prefilled queue ran in batches: {s:?}"
     );
     for id in &healthy {
-        assert_eq!(db.effects_for(id).await, 1, "{id} applied exactly once");
+        assert_eq!(
+            db.effects_for(id).await,
+            1,
+            "{id} applied exactly once: {s:?}"
+        );
     }
     for id in &permanent {
         assert_eq!(db.effects_for(id).await, 0, "{id} rolled back");

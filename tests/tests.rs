@@ -11,6 +11,7 @@ mod util;
 mod batching;
 #[cfg(feature = "failpoints")]
 mod blame;
+mod conflicts;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod failures;

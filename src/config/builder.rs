@@ -106,6 +106,31 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets the longest a transaction over several messages waits for a row
+    /// lock (default
+    /// [`DEFAULT_BATCH_LOCK_TIMEOUT`](crate::config::DEFAULT_BATCH_LOCK_TIMEOUT)).
+    /// Past it the wait fails as a lock conflict, the batch is rolled back and
+    /// split in halves that run again at once, at no cost of an attempt.
+    /// PostgreSQL takes it to the millisecond (`lock_timeout`); MySQL and
+    /// MariaDB in whole seconds, rounded up (`innodb_lock_wait_timeout`);
+    /// SQLite has no such wait. A transaction of one message keeps the
+    /// server's own timeouts.
+    pub fn with_batch_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.config.batch_lock_timeout = timeout;
+        self
+    }
+
+    /// Sets how many times a message that ran into a lock conflict (a
+    /// deadlock, a serialization failure, a lock wait timeout) in a
+    /// transaction of its own runs again at once, after a short random pause,
+    /// before the conflict counts as a transient failure that uses an attempt
+    /// (default [`DEFAULT_CONFLICT_RETRIES`](crate::config::DEFAULT_CONFLICT_RETRIES);
+    /// 0 makes every conflict transient at once).
+    pub fn with_conflict_retries(mut self, retries: u32) -> Self {
+        self.config.conflict_retries = retries;
+        self
+    }
+
     /// Sets the body size limit.
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.config.max_body_bytes = bytes;

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::{BatchIsolation, ConsumerConfig, LaneKey, MAX_BATCH_SIZE, MAX_SUBTRANSACTIONS};
+use super::{
+    BatchIsolation, ConsumerConfig, LaneKey, MAX_BATCH_LOCK_TIMEOUT, MAX_BATCH_SIZE,
+    MAX_CONFLICT_RETRIES, MAX_SUBTRANSACTIONS,
+};
 use crate::config_error::ConfigError;
 use crate::partition::MAX_PARTITIONS;
 
@@ -72,6 +75,32 @@ impl ConsumerConfig {
         }
         if self.batch_time_limit.is_zero() {
             return fail("batch time limit", "must be above zero".into());
+        }
+        if self.batch_lock_timeout < Duration::from_millis(1) {
+            return fail(
+                "batch lock timeout",
+                "must be at least 1 ms (0 would switch PostgreSQL's lock timeout off)".into(),
+            );
+        }
+        if self.batch_lock_timeout > MAX_BATCH_LOCK_TIMEOUT {
+            return fail(
+                "batch lock timeout",
+                format!(
+                    "must be at most {} s, got {:?}: a batch that waits longer holds every \
+                     message in it that long",
+                    MAX_BATCH_LOCK_TIMEOUT.as_secs(),
+                    self.batch_lock_timeout
+                ),
+            );
+        }
+        if self.conflict_retries > MAX_CONFLICT_RETRIES {
+            return fail(
+                "conflict retries",
+                format!(
+                    "must be at most {MAX_CONFLICT_RETRIES}, got {}",
+                    self.conflict_retries
+                ),
+            );
         }
         self.retry.validate()?;
         if !(self.timeout_warning_share > 0.0 && self.timeout_warning_share <= 1.0) {

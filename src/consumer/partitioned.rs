@@ -261,20 +261,20 @@ impl<S: Store> Consumer<S> {
         if let Some(s) = self.inner.signer.get() {
             let _ = signer.set(s.clone());
         }
+        let mut config = self.inner.config.for_partition(index);
+        config.hash_verified = hash_verified;
+        let mut pipeline = Pipeline::new(
+            config,
+            self.inner.store.clone(),
+            self.inner.registry.clone(),
+            self.inner.barrier.clone(),
+        );
+        // The partitions count and size their batches as the one consumer they are.
+        pipeline.telemetry = self.inner.telemetry.clone();
+        pipeline.batch_size = self.inner.batch_size.clone();
+        pipeline.signer = signer;
         let partition = Consumer {
-            inner: Arc::new(Pipeline {
-                config: {
-                    let mut config = self.inner.config.for_partition(index);
-                    config.hash_verified = hash_verified;
-                    config
-                },
-                store: self.inner.store.clone(),
-                registry: self.inner.registry.clone(),
-                telemetry: self.inner.telemetry.clone(),
-                signer,
-                barrier: self.inner.barrier.clone(),
-                forwarded: Default::default(),
-            }),
+            inner: Arc::new(pipeline),
             shared: Some(connections.clone()),
         };
         let (stop, mut stopping) = watch::channel(false);

@@ -1,38 +1,91 @@
-//! Settling: carrying out a [`Disposition`] with the broker, through the port.
-//! The only place a delivery's outcome reaches the broker.
+//! Settling: carrying out each [`Disposition`] with the broker, through the
+//! port. The only place a delivery's outcome reaches the broker.
 
-use chrono::Utc;
+use futures_util::future::join_all;
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
 
-use super::Pipeline;
-use crate::amqp::{PERSISTENT, header_str, text, time, truncate};
+use super::{Finished, Pipeline};
 use crate::broker::{Delivery, Port};
-use crate::dead_letter::{DeadLetterInfo, MAX_ERROR_LEN};
+use crate::dead_letter::DeadLetterInfo;
 use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
-use crate::headers::{
-    self, HEADER_ATTEMPT, HEADER_DROPPED, HEADER_ENTITY, HEADER_FIRST_FAILURE, HEADER_GAP_SINCE,
-    HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY,
-    HEADER_PRUNED_DIGEST, HEADER_VERSION,
-};
+use crate::headers::{self, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy};
 use crate::store::Store;
 use crate::telemetry::Outcome;
+use crate::version::GatedVersion;
 
 impl<S: Store> Pipeline<S> {
-    /// Carries out `disposition`: the only place a delivery's outcome reaches
-    /// the broker.
-    pub(super) async fn settle(
+    /// Settles what was decided, then finishes each delivery: one ack (or as
+    /// few as the tags allow) for every delivery acked because its unit
+    /// committed, then the rest side by side, so that a backoff before
+    /// returning deliveries is waited once, not once each.
+    pub(super) async fn settle_all(
+        &self,
+        port: &dyn Port,
+        finished: Vec<Finished>,
+    ) -> Vec<Outcome> {
+        let (acked, others): (Vec<Finished>, Vec<Finished>) = finished
+            .into_iter()
+            .partition(|f| matches!(f.disposition, Disposition::Ack(_)));
+        let tags: Vec<u64> = acked.iter().map(|f| f.admitted.delivery.tag).collect();
+        if !tags.is_empty() && port.ack_all(&tags).await.is_err() {
+            for f in &acked {
+                self.telemetry.ack_lost(f.admitted.delivery.message_id());
+            }
+        }
+        let mut outcomes = Vec::with_capacity(acked.len() + others.len());
+        for f in &acked {
+            let Disposition::Ack(applied) = f.disposition else {
+                unreachable!("partitioned on Ack");
+            };
+            let outcome = acked_as(applied);
+            self.finish(f, outcome);
+            outcomes.push(outcome);
+        }
+        let settled = join_all(others.iter().map(|f| self.settle(port, f))).await;
+        for (f, outcome) in others.iter().zip(settled) {
+            self.finish(f, outcome);
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+
+    /// Carries out the disposition of `f`, other than an ack of a committed
+    /// unit. A suspect's solo runs are its crash history; once it moved on (a
+    /// retry tier, a dead letter) that history is over and is forgotten. (The
+    /// applied path cleared them in its own transaction.)
+    async fn settle(&self, port: &dyn Port, f: &Finished) -> Outcome {
+        let gated = f.gated.as_ref();
+        let outcome = self
+            .carry_out(port, &f.admitted.delivery, f.disposition.clone(), gated)
+            .await;
+        if f.suspect
+            && let Some(meta) = &f.meta
+            && matches!(
+                outcome,
+                Outcome::Retried | Outcome::DeadLettered(_) | Outcome::Parked
+            )
+        {
+            self.forget_solo_runs(&meta.message_id).await;
+        }
+        outcome
+    }
+
+    /// Carries out `disposition` for `delivery`.
+    async fn carry_out(
         &self,
         port: &dyn Port,
         delivery: &Delivery,
         disposition: Disposition,
-        gated: Option<&(String, i64)>,
+        gated: Option<&GatedVersion>,
     ) -> Outcome {
         match disposition {
             Disposition::Ack(applied) => {
                 self.ack(port, delivery).await;
-                acked(applied)
+                acked_as(applied)
+            }
+            Disposition::Forward { home, queue } => {
+                self.forward(port, delivery, home, &queue).await
             }
             Disposition::Retry {
                 delay,
@@ -40,10 +93,7 @@ impl<S: Store> Pipeline<S> {
                 error,
             } => {
                 let target = self.config.retry_queue(delay);
-                let properties = self.seal(
-                    port,
-                    with_version(retry_properties(delivery, attempt, &error), gated),
-                );
+                let properties = self.seal(port, retry_copy(delivery, attempt, &error, gated));
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
@@ -65,17 +115,10 @@ impl<S: Store> Pipeline<S> {
                 error,
                 attempts,
             } => {
-                let properties = self.seal(
-                    port,
-                    with_version(
-                        with_pruned(
-                            self.dead_letter_record(delivery, reason, &error, attempts)
-                                .apply_to(&headers::copy_base(&delivery.properties, false)),
-                            delivery,
-                        ),
-                        gated,
-                    ),
-                );
+                let record = self
+                    .dead_letter_record(delivery, reason, &error, attempts)
+                    .apply_to(&headers::copy_base(&delivery.properties, false));
+                let properties = self.seal(port, dead_letter_copy(record, delivery, gated));
                 let target = self.config.dead_letter_queue();
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
@@ -98,10 +141,7 @@ impl<S: Store> Pipeline<S> {
                 error,
             } => {
                 let target = self.config.retry_queue(delay);
-                let properties = self.seal(
-                    port,
-                    with_version(park_properties(delivery, since_ms), gated),
-                );
+                let properties = self.seal(port, park_copy(delivery, since_ms, gated));
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
@@ -148,17 +188,14 @@ impl<S: Store> Pipeline<S> {
     /// One key's deliveries that arrive here leave one by one (their lane runs
     /// them in order), so they reach `home` in the order they came; the
     /// version gate covers those that overtake older ones still on their way.
-    pub(super) async fn forward(
+    async fn forward(
         &self,
         port: &dyn Port,
         delivery: &Delivery,
         home: u32,
         queue: &str,
     ) -> Outcome {
-        let properties = self.seal(
-            port,
-            with_original_route(&headers::copy_base(&delivery.properties, true), delivery),
-        );
+        let properties = self.seal(port, onward_copy(delivery));
         if !self.copy_then_ack(port, delivery, queue, properties).await {
             return Outcome::Returned;
         }
@@ -220,10 +257,7 @@ impl<S: Store> Pipeline<S> {
     /// the main queue cannot take the copy either is the original nacked.
     async fn return_to_queue(&self, port: &dyn Port, delivery: &Delivery) {
         tokio::time::sleep(self.config.failure_backoff).await;
-        let properties = self.seal(
-            port,
-            with_original_route(&headers::copy_base(&delivery.properties, true), delivery),
-        );
+        let properties = self.seal(port, onward_copy(delivery));
         match port
             .publish(&self.config.queue, &delivery.body, properties)
             .await
@@ -252,8 +286,7 @@ impl<S: Store> Pipeline<S> {
         }
     }
 
-    /// The failure record a dead-lettered copy carries. The original route is
-    /// the one an earlier (signed) copy recorded, else this delivery's.
+    /// The failure record a dead-lettered copy carries.
     fn dead_letter_record(
         &self,
         delivery: &Delivery,
@@ -261,22 +294,31 @@ impl<S: Store> Pipeline<S> {
         detail: &str,
         attempts: u32,
     ) -> DeadLetterInfo {
-        let headers = delivery.properties.headers().clone().unwrap_or_default();
-        let original = |name, fallback: &str| {
-            header_str(&headers, name)
-                .map(|c| c.into_owned())
-                .unwrap_or_else(|| fallback.to_owned())
-        };
+        let (original_exchange, original_routing_key) = original_route(delivery);
         DeadLetterInfo {
             reason: reason.as_str().to_owned(),
             error: detail.to_owned(),
             attempts,
-            original_exchange: original(HEADER_ORIGINAL_EXCHANGE, &delivery.exchange),
-            original_routing_key: original(HEADER_ORIGINAL_ROUTING_KEY, &delivery.routing_key),
+            original_exchange,
+            original_routing_key,
             consumer: self.config.name.clone(),
             queue: self.config.queue.clone(),
             first_failure: None,
-            last_failure: Some(Utc::now()),
+            last_failure: Some(chrono::Utc::now()),
+        }
+    }
+
+    /// Drops the solo runs of a message that moved on. A count left behind is
+    /// harmless for the message (it is not delivered again), but is logged and
+    /// counted: a store that keeps failing here needs looking at.
+    async fn forget_solo_runs(&self, message_id: &str) {
+        if let Err(e) = self
+            .store
+            .clear_solo_runs(None, &self.config.name, message_id)
+            .await
+        {
+            self.telemetry
+                .bookkeeping_error("clear_solo_runs", message_id, &e);
         }
     }
 
@@ -294,88 +336,13 @@ fn is_power_of_ten(mut n: u64) -> bool {
     n == 1
 }
 
-/// The outcome of a delivery acked because its transaction found `applied`.
-pub(super) fn acked(applied: Applied) -> Outcome {
+/// The outcome of a delivery acked because its unit found `applied`.
+fn acked_as(applied: Applied) -> Outcome {
     match applied {
         Applied::Committed => Outcome::Applied,
         Applied::Duplicate => Outcome::Duplicate,
         Applied::Stale => Outcome::Stale,
     }
-}
-
-/// `properties` with the delivery's exchange and routing key recorded, unless an
-/// earlier copy already recorded the first ones: a copy travels through the
-/// default exchange, and its dead-letter record should still name the original
-/// route.
-fn with_original_route(properties: &BasicProperties, delivery: &Delivery) -> BasicProperties {
-    let mut headers = properties.headers().clone().unwrap_or_default();
-    for (name, value) in [
-        (HEADER_ORIGINAL_EXCHANGE, delivery.exchange.as_str()),
-        (HEADER_ORIGINAL_ROUTING_KEY, delivery.routing_key.as_str()),
-    ] {
-        if !headers.contains_key(name) {
-            headers.insert(name.into(), text(value));
-        }
-    }
-    properties.clone().with_headers(headers)
-}
-
-/// The properties of a copy bound for a retry tier: the original's, with the
-/// attempt count, failure times, last error and original route recorded.
-fn retry_properties(delivery: &Delivery, attempt: u32, error: &str) -> BasicProperties {
-    let base = with_original_route(&headers::copy_base(&delivery.properties, false), delivery);
-    let mut headers = base.headers().clone().unwrap_or_default();
-    let now = time(Utc::now());
-    if !headers.contains_key(HEADER_FIRST_FAILURE) {
-        headers.insert(HEADER_FIRST_FAILURE.into(), now.clone());
-    }
-    headers.insert(
-        HEADER_ATTEMPT.into(),
-        AMQPValue::LongLongInt(attempt.into()),
-    );
-    headers.insert(HEADER_LAST_FAILURE.into(), now);
-    headers.insert(
-        HEADER_LAST_ERROR.into(),
-        text(truncate(error, MAX_ERROR_LEN)),
-    );
-    base.with_headers(headers).with_delivery_mode(PERSISTENT)
-}
-
-/// `properties` with the entity and version the gate checked, so that a
-/// replay of dead letters can go in version order per entity.
-fn with_version(properties: BasicProperties, gated: Option<&(String, i64)>) -> BasicProperties {
-    let Some((entity, version)) = gated else {
-        return properties;
-    };
-    let mut headers = properties.headers().clone().unwrap_or_default();
-    headers.insert(HEADER_ENTITY.into(), text(truncate(entity, MAX_ERROR_LEN)));
-    headers.insert(HEADER_VERSION.into(), AMQPValue::LongLongInt(*version));
-    properties.with_headers(headers)
-}
-
-/// `properties` with what the frame guard removed from the delivery: the
-/// names of the headers and the digest of the bytes.
-fn with_pruned(properties: BasicProperties, delivery: &Delivery) -> BasicProperties {
-    let Some(pruned) = &delivery.pruned else {
-        return properties;
-    };
-    let mut headers = properties.headers().clone().unwrap_or_default();
-    if !pruned.removed.is_empty() {
-        headers.insert(HEADER_DROPPED.into(), text(&pruned.removed));
-    }
-    if !pruned.digest.is_empty() {
-        headers.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
-    }
-    properties.with_headers(headers)
-}
-
-/// The properties of a parked copy: the original's, its attempt count
-/// untouched, with the time the gap started waiting.
-fn park_properties(delivery: &Delivery, since_ms: i64) -> BasicProperties {
-    let base = with_original_route(&headers::copy_base(&delivery.properties, false), delivery);
-    let mut headers = base.headers().clone().unwrap_or_default();
-    headers.insert(HEADER_GAP_SINCE.into(), AMQPValue::LongLongInt(since_ms));
-    base.with_headers(headers).with_delivery_mode(PERSISTENT)
 }
 
 #[cfg(test)]

@@ -91,17 +91,15 @@ async fn fixture() -> Fixture {
         .with_solo_timeout(200 * MS)
         .build()
         .unwrap();
-    let pipeline = Pipeline {
-        telemetry: Telemetry::new(&config.name, &config.queue),
+    // A barrier of its own, so that tests running side by side do not wait
+    // on each other's suspects.
+    let pipeline = Pipeline::new(
         config,
         store,
-        registry: Registry::new().route(EVENT, 1, job),
-        signer: OnceLock::from(Signer::new(&key)),
-        // A barrier of its own, so that tests running side by side do not wait
-        // on each other's suspects.
-        barrier: SoloBarrier::default(),
-        forwarded: Default::default(),
-    };
+        Registry::new().route(EVENT, 1, job),
+        SoloBarrier::default(),
+    );
+    let _ = pipeline.signer.set(Signer::new(&key));
     Fixture {
         pipeline,
         broker: Arc::new(MemoryBroker::default()),

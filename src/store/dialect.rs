@@ -220,6 +220,15 @@ pub trait SqlDialect: Database {
         async { Ok(None) }
     }
 
+    /// What to run right after `begin` so that, in this transaction, a wait
+    /// for a row lock fails after `lock_timeout` (`Some`) or after the
+    /// server's own timeout (`None`), as a lock conflict
+    /// ([`is_lock_conflict`](super::is_lock_conflict)); `None` where there is
+    /// nothing to run.
+    fn lock_timeout_sql(_lock_timeout: Option<std::time::Duration>) -> Option<String> {
+        None
+    }
+
     /// True if `e`, from the claim statement, means the message id was already
     /// claimed, for a dialect that refuses a duplicate with an error instead of
     /// ignoring it.

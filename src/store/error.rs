@@ -59,6 +59,14 @@ impl StoreError {
     pub fn is_aborted(&self) -> bool {
         matches!(self, StoreError::Aborted(_))
     }
+
+    /// True if the transaction lost a race for a lock; see [`is_lock_conflict`].
+    pub fn is_lock_conflict(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_lock_conflict(e),
+            _ => false,
+        }
+    }
 }
 
 /// A store error inside a handler (writing to the outbox, say) is transient, for
@@ -146,6 +154,34 @@ pub(crate) fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
         return Some(my.number());
     }
     None
+}
+
+/// True if `e` means the transaction lost a race for a lock with another one,
+/// so that running it again at once in a fresh transaction can succeed:
+///
+/// - PostgreSQL: a deadlock (`40P01`), a serialization failure (`40001`), a
+///   lock wait past `lock_timeout` (`55P03`);
+/// - MySQL and MariaDB: a deadlock (1213), a lock wait past
+///   `innodb_lock_wait_timeout` (1205).
+///
+/// SQLite has one writer and no deadlocks: a lock it waited for past its busy
+/// timeout counts as an unreachable database instead.
+pub fn is_lock_conflict(e: &sqlx::Error) -> bool {
+    if let Some(n) = mysql_error_number(e) {
+        return matches!(n, 1205 | 1213);
+    }
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| matches!(c.as_ref(), "40P01" | "40001" | "55P03"))
+}
+
+/// True if `e` is PostgreSQL refusing a statement because an earlier one had
+/// already aborted the transaction (`25P02`): the fault lies with whoever ran
+/// and ignored that earlier statement, not with the statement refused.
+pub(crate) fn is_after_abort(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "25P02")
 }
 
 /// True if `e` means the database cannot be reached or is going away: a broken

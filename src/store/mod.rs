@@ -31,7 +31,7 @@ mod sql;
 mod sqlite;
 mod tx;
 
-pub use error::{StoreError, is_connection_error, is_permanent_data_error};
+pub use error::{StoreError, is_connection_error, is_lock_conflict, is_permanent_data_error};
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
@@ -40,6 +40,8 @@ pub use sql::SqlStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tx::Tx;
+
+pub(crate) use error::is_after_abort;
 
 pub(crate) use tx::insert_outbox;
 
@@ -134,6 +136,22 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Begins a transaction that is allowed to write. Its commit first checks
     /// that it can still commit (see [`StoreError::Aborted`]).
     fn begin(&self) -> impl Future<Output = Result<Tx<Self::Db>, StoreError>> + Send;
+
+    /// Begins a transaction like [`begin`](Self::begin) in which a wait for a
+    /// row lock fails after `lock_timeout` as a lock conflict
+    /// ([`StoreError::is_lock_conflict`]) instead of after the server's own
+    /// timeout (`None` keeps that): PostgreSQL's `lock_timeout`, MySQL's and
+    /// MariaDB's `innodb_lock_wait_timeout` (whole seconds). The consumer sets
+    /// it on a transaction over several messages, so that a conflict between
+    /// batches costs milliseconds and the batch is split, rather than waiting
+    /// a second for PostgreSQL's deadlock detector. SQLite has no such wait.
+    fn begin_with_lock_timeout(
+        &self,
+        lock_timeout: Option<std::time::Duration>,
+    ) -> impl Future<Output = Result<Tx<Self::Db>, StoreError>> + Send {
+        let _ = lock_timeout;
+        self.begin()
+    }
 
     /// Claims `entry` inside `tx` by inserting its inbox row (`INSERT ... ON
     /// CONFLICT DO NOTHING`). Returns `false` if the consumer already claimed this

@@ -85,6 +85,24 @@ impl SqlStore<MySql> {
     }
 }
 
+/// A session variable outlives the transaction on a pooled connection, so a
+/// transaction with a lock timeout of its own saves the session's value once
+/// (in `@warren_lock_wait`), and every other transaction puts it back.
+fn lock_wait_sql(lock_timeout: Option<std::time::Duration>) -> String {
+    match lock_timeout {
+        // Whole seconds, at least one: MySQL takes nothing finer.
+        Some(t) => format!(
+            "SET @warren_lock_wait = COALESCE(@warren_lock_wait, @@SESSION.innodb_lock_wait_timeout), \
+             SESSION innodb_lock_wait_timeout = {}",
+            t.as_millis().div_ceil(1000).max(1)
+        ),
+        // A user variable has no declared type: MariaDB refuses it unconverted.
+        None => "SET SESSION innodb_lock_wait_timeout = \
+                 CAST(COALESCE(@warren_lock_wait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED)"
+            .to_owned(),
+    }
+}
+
 impl SqlDialect for MySql {
     const SQL: Statements = Statements {
         begin: "BEGIN",
@@ -214,6 +232,10 @@ impl SqlDialect for MySql {
     async fn check_before_commit(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         conn.execute(sqlx::raw_sql(CHECK_MARK)).await?;
         Ok(())
+    }
+
+    fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {
+        Some(lock_wait_sql(lock_timeout))
     }
 
     async fn execute_raw(conn: &mut MySqlConnection, sql: &'static str) -> Result<(), sqlx::Error> {

@@ -252,6 +252,14 @@ impl SqlDialect for Postgres {
         Ok(())
     }
 
+    /// `SET LOCAL` ends with the transaction: a unit of one message keeps
+    /// the server's setting. A lock timeout shorter than `deadlock_timeout`
+    /// (1 s by default, settable by a superuser only) also ends a deadlock
+    /// before PostgreSQL would look for one.
+    fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {
+        lock_timeout.map(|t| format!("SET LOCAL lock_timeout = {}", t.as_millis().max(1)))
+    }
+
     async fn execute_raw(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
         sqlx::Executor::execute(conn, sqlx::raw_sql(sql)).await?;
         Ok(())

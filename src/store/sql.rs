@@ -337,10 +337,23 @@ shared_impl! {
         }
 
         async fn begin(&self) -> Result<super::Tx<D>, StoreError> {
+            self.begin_with_lock_timeout(None).await
+        }
+
+        async fn begin_with_lock_timeout(
+            &self,
+            lock_timeout: Option<Duration>,
+        ) -> Result<super::Tx<D>, StoreError> {
             let turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            if let Some(mark) = D::SQL.after_begin {
-                Executor::execute(&mut *tx, sqlx::raw_sql(mark)).await?;
+            // One round trip for what follows the begin, however many parts.
+            let after = [D::SQL.after_begin.map(str::to_owned), D::lock_timeout_sql(lock_timeout)]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; ");
+            if !after.is_empty() {
+                Executor::execute(&mut *tx, sqlx::raw_sql(sqlx::AssertSqlSafe(after))).await?;
             }
             Ok(super::Tx::new(tx, turn))
         }

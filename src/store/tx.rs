@@ -48,11 +48,6 @@ impl<DB: Database> Tx<DB> {
         self.enqueued
     }
 
-    /// What the version gate saw in this transaction.
-    pub(crate) fn gated(&self) -> &Gated {
-        &self.gated
-    }
-
     /// What the version gate saw for the message just handled, leaving the
     /// next message of a batch to start afresh.
     pub(crate) fn take_gated(&mut self) -> Gated {
@@ -160,7 +155,10 @@ impl<DB: Dialect> Tx<DB> {
         let stored = DB::read_version(&mut self.inner, scope, entity)
             .await
             .map_err(store_to_handler)?;
-        self.gated.entity = Some((entity.to_owned(), version));
+        self.gated.entity = Some(version::GatedVersion {
+            entity: entity.to_owned(),
+            version,
+        });
         match version::decide(mode, stored, version) {
             Ok(verdict @ Verdict::Apply { .. }) => {
                 DB::write_version(&mut self.inner, scope, entity, version)

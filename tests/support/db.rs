@@ -45,6 +45,13 @@ pub trait Backend: warren::store::Dialect {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
     /// Every row of `test_applied` as (customer, version, seq), by customer and seq.
     fn applied_rows(store: &Self::S) -> impl Future<Output = Vec<(String, i64, i64)>> + Send;
+    /// The conflict tests' effect: takes `qty` off the stock of `sku` in
+    /// `test_stock`, locking its row until the transaction ends.
+    fn take_stock<'a>(
+        tx: &'a mut Tx<Self>,
+        sku: &'a str,
+        qty: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 }
 
 /// The ordering tests' table of applied versions.
@@ -146,6 +153,20 @@ macro_rules! same_for_every_backend {
             .bind(version)
             .bind(seq)
             .bind(message_id)
+            .execute(tx.conn())
+            .await?;
+            Ok(())
+        }
+
+        async fn take_stock(tx: &mut Tx<Self>, sku: &str, qty: i64) -> Result<(), sqlx::Error> {
+            sqlx::query(concat!(
+                "UPDATE test_stock SET available = available - ",
+                $p1,
+                " WHERE sku = ",
+                $p2
+            ))
+            .bind(qty)
+            .bind(sku)
             .execute(tx.conn())
             .await?;
             Ok(())

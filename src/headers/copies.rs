@@ -1,0 +1,139 @@
+//! The properties of each copy the consumer publishes from a delivery: to a
+//! retry tier, parked for a version gap, to the dead-letter queue, back to its
+//! own queue or on to another partition's. Each starts from [`copy_base`] and
+//! adds warren's record; [`seal`](super::seal) then fits and signs it.
+
+use chrono::Utc;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+
+use super::{
+    HEADER_ATTEMPT, HEADER_DROPPED, HEADER_ENTITY, HEADER_FIRST_FAILURE, HEADER_GAP_SINCE,
+    HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY,
+    HEADER_PRUNED_DIGEST, HEADER_VERSION, MAX_ERROR_LEN, copy_base,
+};
+use crate::amqp::{PERSISTENT, header_str, text, time, truncate};
+use crate::broker::Delivery;
+use crate::version::GatedVersion;
+
+/// The copy of a delivery bound for a retry tier: its attempt count, failure
+/// times, last error, original route and gated version recorded.
+pub(crate) fn retry_copy(
+    delivery: &Delivery,
+    attempt: u32,
+    error: &str,
+    gated: Option<&GatedVersion>,
+) -> BasicProperties {
+    edit(copy_base(&delivery.properties, false), |headers| {
+        record_original_route(headers, delivery);
+        let now = time(Utc::now());
+        if !headers.contains_key(HEADER_FIRST_FAILURE) {
+            headers.insert(HEADER_FIRST_FAILURE.into(), now.clone());
+        }
+        headers.insert(
+            HEADER_ATTEMPT.into(),
+            AMQPValue::LongLongInt(attempt.into()),
+        );
+        headers.insert(HEADER_LAST_FAILURE.into(), now);
+        headers.insert(
+            HEADER_LAST_ERROR.into(),
+            text(truncate(error, MAX_ERROR_LEN)),
+        );
+        record_version(headers, gated);
+    })
+    .with_delivery_mode(PERSISTENT)
+}
+
+/// The copy of a delivery parked for a version gap: its attempt count
+/// untouched, with the time the gap started waiting.
+pub(crate) fn park_copy(
+    delivery: &Delivery,
+    since_ms: i64,
+    gated: Option<&GatedVersion>,
+) -> BasicProperties {
+    edit(copy_base(&delivery.properties, false), |headers| {
+        record_original_route(headers, delivery);
+        headers.insert(HEADER_GAP_SINCE.into(), AMQPValue::LongLongInt(since_ms));
+        record_version(headers, gated);
+    })
+    .with_delivery_mode(PERSISTENT)
+}
+
+/// A dead-letter copy, its failure record already applied: with the version
+/// the gate checked and what the frame guard removed from the delivery (the
+/// names of the headers and the digest of the bytes).
+pub(crate) fn dead_letter_copy(
+    with_record: BasicProperties,
+    delivery: &Delivery,
+    gated: Option<&GatedVersion>,
+) -> BasicProperties {
+    edit(with_record, |headers| {
+        if let Some(pruned) = &delivery.pruned {
+            if !pruned.removed.is_empty() {
+                headers.insert(HEADER_DROPPED.into(), text(&pruned.removed));
+            }
+            if !pruned.digest.is_empty() {
+                headers.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
+            }
+        }
+        record_version(headers, gated);
+    })
+}
+
+/// A copy of a delivery that goes on unchanged, to its own queue or another
+/// partition's: only its original route recorded, its per-message TTL kept.
+pub(crate) fn onward_copy(delivery: &Delivery) -> BasicProperties {
+    edit(copy_base(&delivery.properties, true), |headers| {
+        record_original_route(headers, delivery);
+    })
+}
+
+/// The exchange and routing key the message was first published with: those an
+/// earlier (signed) copy recorded, else this delivery's own. A copy travels
+/// through the default exchange, and its dead-letter record should still name
+/// the original route.
+pub(crate) fn original_route(delivery: &Delivery) -> (String, String) {
+    let headers = delivery.properties.headers().as_ref();
+    let recorded = |name| {
+        headers
+            .and_then(|h| header_str(h, name))
+            .map(|c| c.into_owned())
+    };
+    (
+        recorded(HEADER_ORIGINAL_EXCHANGE).unwrap_or_else(|| delivery.exchange.clone()),
+        recorded(HEADER_ORIGINAL_ROUTING_KEY).unwrap_or_else(|| delivery.routing_key.clone()),
+    )
+}
+
+/// `properties` with its header table changed by `change`, taken out once and
+/// put back once.
+fn edit(properties: BasicProperties, change: impl FnOnce(&mut FieldTable)) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    change(&mut headers);
+    properties.with_headers(headers)
+}
+
+/// Records the delivery's exchange and routing key, unless an earlier copy
+/// recorded the first ones.
+fn record_original_route(headers: &mut FieldTable, delivery: &Delivery) {
+    for (name, value) in [
+        (HEADER_ORIGINAL_EXCHANGE, delivery.exchange.as_str()),
+        (HEADER_ORIGINAL_ROUTING_KEY, delivery.routing_key.as_str()),
+    ] {
+        if !headers.contains_key(name) {
+            headers.insert(name.into(), text(value));
+        }
+    }
+}
+
+/// Records the entity and version the gate checked, so that a replay of dead
+/// letters can go in version order per entity.
+fn record_version(headers: &mut FieldTable, gated: Option<&GatedVersion>) {
+    if let Some(gated) = gated {
+        headers.insert(
+            HEADER_ENTITY.into(),
+            text(truncate(&gated.entity, MAX_ERROR_LEN)),
+        );
+        headers.insert(HEADER_VERSION.into(), AMQPValue::LongLongInt(gated.version));
+    }
+}
