@@ -20,7 +20,9 @@ use sha2::Sha256;
 use crate::amqp::{header_str, text, truncate};
 
 mod copies;
-pub(crate) use copies::{dead_letter_copy, onward_copy, original_route, park_copy, retry_copy};
+pub(crate) use copies::{
+    Origin, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy,
+};
 
 /// Header: failed attempts so far, set on copies sent to retry tiers. warren
 /// counts attempts here, never in `x-death`.

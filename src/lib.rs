@@ -36,10 +36,12 @@
 //! - [`failpoint`]: crash points for crash tests (feature `failpoints`).
 //! - `testing`: a test kit that runs handlers without a broker (feature `testing`).
 //!
-//! Inside, the rule itself is `pipeline` (validate, claim, handle, commit, then
-//! settle, per delivery); `disposition` decides what an outcome means;
-//! `dispatcher` decides which buffered deliveries run next; `session` is one
-//! connected period with the broker; `consumer` reconnects around it.
+//! Inside, the rule itself is `pipeline` (validate and route, apply in units
+//! of work, settle, finish, per delivery; `pipeline::engine` is the one place
+//! a transaction runs); `disposition` decides what an outcome means;
+//! `dispatcher` decides which buffered deliveries run next, and how many to a
+//! batch; `session` is one connected period with the broker; `consumer`
+//! reconnects around it.
 //!
 //! The guide below is the README; its examples compile as doc-tests.
 #![doc = ""]

@@ -200,10 +200,7 @@ impl<S: Store> Pipeline<S> {
     /// Where a delivery goes before any transaction: `Ok` with its handler
     /// call if it is valid and belongs here; `Err` with its disposition if it
     /// belongs to another partition or is invalid. No database, no broker.
-    fn route(
-        &self,
-        admitted: &Admitted,
-    ) -> Result<Routed<S::Db>, Disposition> {
+    fn route(&self, admitted: &Admitted) -> Result<Routed<S::Db>, Disposition> {
         if let Some((home, queue)) = self.home_elsewhere(admitted) {
             return Err(Disposition::Forward { home, queue });
         }
@@ -233,10 +230,7 @@ impl<S: Store> Pipeline<S> {
 
     /// Validates the delivery and binds it to its handler. No database, no
     /// broker; pure, so a unit that runs a message again binds it again.
-    fn prepare(
-        &self,
-        admitted: &Admitted,
-    ) -> Result<Routed<S::Db>, InvalidMessage> {
+    fn prepare(&self, admitted: &Admitted) -> Result<Routed<S::Db>, InvalidMessage> {
         let delivery = &admitted.delivery;
         if let Some(pruned) = &delivery.pruned {
             // Its headers carry meaning (partition key, warren's history,

@@ -14,6 +14,7 @@ on_all_backends!(
     failures_inside_batches_stay_with_their_message,
     failures_inside_savepoint_batches_stay_with_their_message,
     a_batch_of_one_keeps_latency_at_low_load,
+    a_run_without_conflicts_keeps_the_full_batch_size,
 );
 
 async fn failures_inside_batches_stay_with_their_message<B: Backend>() {
@@ -146,6 +147,43 @@ async fn a_batch_of_one_keeps_latency_at_low_load<B: Backend>() {
     let s = running.stats.snapshot();
     running.stop().await.unwrap();
     assert_eq!((s.applied, s.batches), (5, 0), "no batch formed: {s:?}");
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// 200 independent messages in the queue before the consumer starts: they run
+/// in batches, none of which meets a lock conflict, so the batch size the
+/// consumer forms stays at the configured one.
+async fn a_run_without_conflicts_keeps_the_full_batch_size<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    for _ in 0..200 {
+        broker.publish(&TestBroker::message(&Job::ok())).await;
+    }
+    let config = broker.config();
+    let configured = config.batch_size() as u64;
+    let running = Running::start(Consumer::new(
+        config,
+        db.store.clone(),
+        crate::util::routes::<B>(),
+    ));
+    assert!(
+        running.settled(200, Duration::from_secs(60)).await,
+        "not settled: {:?}",
+        running.stats.snapshot()
+    );
+    let s = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(s.applied, 200, "{s:?}");
+    assert!(s.batches > 0, "they ran in batches: {s:?}");
+    assert_eq!(
+        (s.conflict_retries, s.batch_size),
+        (0, configured),
+        "no conflict, full size: {s:?}"
+    );
+    assert_eq!(db.effects().await, 200);
 
     broker.cleanup().await;
     db.drop_db().await;

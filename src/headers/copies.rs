@@ -13,18 +13,34 @@ use super::{
     HEADER_PRUNED_DIGEST, HEADER_VERSION, MAX_ERROR_LEN, copy_base,
 };
 use crate::amqp::{PERSISTENT, header_str, text, time, truncate};
-use crate::broker::Delivery;
 use crate::version::GatedVersion;
+
+/// What a copy records of the delivery it is made from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin<'a> {
+    /// The delivery's trusted properties.
+    pub(crate) properties: &'a BasicProperties,
+    /// The exchange it was delivered from.
+    pub(crate) exchange: &'a str,
+    /// The routing key it was delivered with.
+    pub(crate) routing_key: &'a str,
+    /// The names of the headers the frame guard removed before the client
+    /// read it ("" if none).
+    pub(crate) removed: &'a str,
+    /// The digest of every byte the frame guard removed or replaced ("" if
+    /// none).
+    pub(crate) digest: &'a str,
+}
 
 /// The copy of a delivery bound for a retry tier: its attempt count, failure
 /// times, last error, original route and gated version recorded.
 pub(crate) fn retry_copy(
-    delivery: &Delivery,
+    delivery: Origin<'_>,
     attempt: u32,
     error: &str,
     gated: Option<&GatedVersion>,
 ) -> BasicProperties {
-    edit(copy_base(&delivery.properties, false), |headers| {
+    edit(copy_base(delivery.properties, false), |headers| {
         record_original_route(headers, delivery);
         let now = time(Utc::now());
         if !headers.contains_key(HEADER_FIRST_FAILURE) {
@@ -47,11 +63,11 @@ pub(crate) fn retry_copy(
 /// The copy of a delivery parked for a version gap: its attempt count
 /// untouched, with the time the gap started waiting.
 pub(crate) fn park_copy(
-    delivery: &Delivery,
+    delivery: Origin<'_>,
     since_ms: i64,
     gated: Option<&GatedVersion>,
 ) -> BasicProperties {
-    edit(copy_base(&delivery.properties, false), |headers| {
+    edit(copy_base(delivery.properties, false), |headers| {
         record_original_route(headers, delivery);
         headers.insert(HEADER_GAP_SINCE.into(), AMQPValue::LongLongInt(since_ms));
         record_version(headers, gated);
@@ -64,17 +80,15 @@ pub(crate) fn park_copy(
 /// names of the headers and the digest of the bytes).
 pub(crate) fn dead_letter_copy(
     with_record: BasicProperties,
-    delivery: &Delivery,
+    delivery: Origin<'_>,
     gated: Option<&GatedVersion>,
 ) -> BasicProperties {
     edit(with_record, |headers| {
-        if let Some(pruned) = &delivery.pruned {
-            if !pruned.removed.is_empty() {
-                headers.insert(HEADER_DROPPED.into(), text(&pruned.removed));
-            }
-            if !pruned.digest.is_empty() {
-                headers.insert(HEADER_PRUNED_DIGEST.into(), text(&pruned.digest));
-            }
+        if !delivery.removed.is_empty() {
+            headers.insert(HEADER_DROPPED.into(), text(delivery.removed));
+        }
+        if !delivery.digest.is_empty() {
+            headers.insert(HEADER_PRUNED_DIGEST.into(), text(delivery.digest));
         }
         record_version(headers, gated);
     })
@@ -82,8 +96,8 @@ pub(crate) fn dead_letter_copy(
 
 /// A copy of a delivery that goes on unchanged, to its own queue or another
 /// partition's: only its original route recorded, its per-message TTL kept.
-pub(crate) fn onward_copy(delivery: &Delivery) -> BasicProperties {
-    edit(copy_base(&delivery.properties, true), |headers| {
+pub(crate) fn onward_copy(delivery: Origin<'_>) -> BasicProperties {
+    edit(copy_base(delivery.properties, true), |headers| {
         record_original_route(headers, delivery);
     })
 }
@@ -92,16 +106,16 @@ pub(crate) fn onward_copy(delivery: &Delivery) -> BasicProperties {
 /// earlier (signed) copy recorded, else this delivery's own. A copy travels
 /// through the default exchange, and its dead-letter record should still name
 /// the original route.
-pub(crate) fn original_route(delivery: &Delivery) -> (String, String) {
+pub(crate) fn original_route(delivery: Origin<'_>) -> (String, String) {
     let headers = delivery.properties.headers().as_ref();
-    let recorded = |name| {
+    let recorded = |name, fallback: &str| {
         headers
             .and_then(|h| header_str(h, name))
-            .map(|c| c.into_owned())
+            .map_or_else(|| fallback.to_owned(), |c| c.into_owned())
     };
     (
-        recorded(HEADER_ORIGINAL_EXCHANGE).unwrap_or_else(|| delivery.exchange.clone()),
-        recorded(HEADER_ORIGINAL_ROUTING_KEY).unwrap_or_else(|| delivery.routing_key.clone()),
+        recorded(HEADER_ORIGINAL_EXCHANGE, delivery.exchange),
+        recorded(HEADER_ORIGINAL_ROUTING_KEY, delivery.routing_key),
     )
 }
 
@@ -115,10 +129,10 @@ fn edit(properties: BasicProperties, change: impl FnOnce(&mut FieldTable)) -> Ba
 
 /// Records the delivery's exchange and routing key, unless an earlier copy
 /// recorded the first ones.
-fn record_original_route(headers: &mut FieldTable, delivery: &Delivery) {
+fn record_original_route(headers: &mut FieldTable, delivery: Origin<'_>) {
     for (name, value) in [
-        (HEADER_ORIGINAL_EXCHANGE, delivery.exchange.as_str()),
-        (HEADER_ORIGINAL_ROUTING_KEY, delivery.routing_key.as_str()),
+        (HEADER_ORIGINAL_EXCHANGE, delivery.exchange),
+        (HEADER_ORIGINAL_ROUTING_KEY, delivery.routing_key),
     ] {
         if !headers.contains_key(name) {
             headers.insert(name.into(), text(value));

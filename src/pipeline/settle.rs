@@ -9,7 +9,9 @@ use crate::broker::{Delivery, Port};
 use crate::dead_letter::DeadLetterInfo;
 use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
-use crate::headers::{self, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy};
+use crate::headers::{
+    self, Origin, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy,
+};
 use crate::store::Store;
 use crate::telemetry::Outcome;
 use crate::version::GatedVersion;
@@ -93,7 +95,8 @@ impl<S: Store> Pipeline<S> {
                 error,
             } => {
                 let target = self.config.retry_queue(delay);
-                let properties = self.seal(port, retry_copy(delivery, attempt, &error, gated));
+                let properties =
+                    self.seal(port, retry_copy(origin(delivery), attempt, &error, gated));
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
@@ -118,7 +121,7 @@ impl<S: Store> Pipeline<S> {
                 let record = self
                     .dead_letter_record(delivery, reason, &error, attempts)
                     .apply_to(&headers::copy_base(&delivery.properties, false));
-                let properties = self.seal(port, dead_letter_copy(record, delivery, gated));
+                let properties = self.seal(port, dead_letter_copy(record, origin(delivery), gated));
                 let target = self.config.dead_letter_queue();
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
@@ -141,7 +144,7 @@ impl<S: Store> Pipeline<S> {
                 error,
             } => {
                 let target = self.config.retry_queue(delay);
-                let properties = self.seal(port, park_copy(delivery, since_ms, gated));
+                let properties = self.seal(port, park_copy(origin(delivery), since_ms, gated));
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
@@ -195,7 +198,7 @@ impl<S: Store> Pipeline<S> {
         home: u32,
         queue: &str,
     ) -> Outcome {
-        let properties = self.seal(port, onward_copy(delivery));
+        let properties = self.seal(port, onward_copy(origin(delivery)));
         if !self.copy_then_ack(port, delivery, queue, properties).await {
             return Outcome::Returned;
         }
@@ -257,7 +260,7 @@ impl<S: Store> Pipeline<S> {
     /// the main queue cannot take the copy either is the original nacked.
     async fn return_to_queue(&self, port: &dyn Port, delivery: &Delivery) {
         tokio::time::sleep(self.config.failure_backoff).await;
-        let properties = self.seal(port, onward_copy(delivery));
+        let properties = self.seal(port, onward_copy(origin(delivery)));
         match port
             .publish(&self.config.queue, &delivery.body, properties)
             .await
@@ -294,7 +297,7 @@ impl<S: Store> Pipeline<S> {
         detail: &str,
         attempts: u32,
     ) -> DeadLetterInfo {
-        let (original_exchange, original_routing_key) = original_route(delivery);
+        let (original_exchange, original_routing_key) = original_route(origin(delivery));
         DeadLetterInfo {
             reason: reason.as_str().to_owned(),
             error: detail.to_owned(),
@@ -334,6 +337,18 @@ fn is_power_of_ten(mut n: u64) -> bool {
         n /= 10;
     }
     n == 1
+}
+
+/// What the copies of `delivery` record of it.
+fn origin(delivery: &Delivery) -> Origin<'_> {
+    let pruned = delivery.pruned.as_ref();
+    Origin {
+        properties: &delivery.properties,
+        exchange: &delivery.exchange,
+        routing_key: &delivery.routing_key,
+        removed: pruned.map_or("", |p| p.removed.as_str()),
+        digest: pruned.map_or("", |p| p.digest.as_str()),
+    }
 }
 
 /// The outcome of a delivery acked because its unit found `applied`.
