@@ -1,96 +1,20 @@
 //! Lock conflicts against the real databases: a handler that takes stock off
-//! a few hot rows, in whatever order an order's lines come. Transactions that
-//! lock the same rows in different orders deadlock; warren runs the loser
-//! again at once, in a fresh transaction, at no cost of an attempt, and the
-//! stock comes out exact.
+//! a few hot rows (`util::stock`). Transactions that lock the same rows in
+//! different orders deadlock; warren runs the loser again at once, in a fresh
+//! transaction, at no cost of an attempt, and the stock comes out exact.
 //!
 //! The certain deadlock runs on PostgreSQL and MySQL/MariaDB only: SQLite has
 //! one writer and no deadlocks.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use warren::Consumer;
 use warren::config::ConsumerConfigBuilder;
-use warren::{Consumer, HandlerError, Message, Outgoing, Registry, Tx};
 
-use crate::util::{Backend, Running, TestBroker, TestDb};
-
-const ORDER: &str = "test.order";
-const SKUS: [&str; 4] = ["sku-a", "sku-b", "sku-c", "sku-d"];
-const STOCK: i64 = 100_000;
-
-/// An order: stock to take, line by line, in this order.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Order {
-    lines: Vec<(String, i64)>,
-    /// After its first line, wait until the other order of this pair has
-    /// taken its first line too (on the first run only): two such orders
-    /// whose lines go in opposite orders then deadlock for certain.
-    #[serde(default)]
-    pair: Option<String>,
-}
-
-/// The pairs waiting for each other, and the messages that already met.
-static PAIRS: LazyLock<Mutex<HashMap<String, Arc<tokio::sync::Barrier>>>> =
-    LazyLock::new(Default::default);
-static MET: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
-
-async fn take_stock<B: Backend>(msg: Message<Order>, tx: &mut Tx<B>) -> Result<(), HandlerError> {
-    for (n, (sku, qty)) in msg.payload.lines.iter().enumerate() {
-        B::take_stock(tx, sku, *qty).await?;
-        if n == 0
-            && let Some(pair) = &msg.payload.pair
-            && MET.lock().unwrap().insert(msg.meta.message_id.clone())
-        {
-            let barrier = Arc::clone(
-                PAIRS
-                    .lock()
-                    .unwrap()
-                    .entry(pair.clone())
-                    .or_insert_with(|| Arc::new(tokio::sync::Barrier::new(2))),
-            );
-            // Bounded, so a pair that never runs side by side fails the test's
-            // count instead of hanging it.
-            let _ = tokio::time::timeout(Duration::from_secs(20), barrier.wait()).await;
-        }
-    }
-    Ok(())
-}
-
-fn routes<B: Backend>() -> Registry<B> {
-    Registry::new().route(ORDER, 1, take_stock::<B>)
-}
-
-async fn with_stock<B: Backend>() -> TestDb<B> {
-    let db = B::create().await;
-    B::exec(
-        &db.store,
-        "CREATE TABLE test_stock (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)".into(),
-    )
-    .await;
-    for sku in SKUS {
-        B::exec(
-            &db.store,
-            format!("INSERT INTO test_stock (sku, available) VALUES ('{sku}', {STOCK})"),
-        )
-        .await;
-    }
-    db
-}
-
-async fn stock_of<B: Backend>(db: &TestDb<B>, sku: &str) -> i64 {
-    B::count(
-        &db.store,
-        format!("SELECT available FROM test_stock WHERE sku = '{sku}'"),
-    )
-    .await
-}
-
-fn order(lines: Vec<(String, i64)>, pair: Option<String>) -> Outgoing {
-    Outgoing::new(ORDER, 1, &Order { lines, pair }).unwrap()
-}
+use crate::util::{
+    Backend, Running, SKUS, STOCK, TestBroker, TestDb, assert_stock, hot_orders, order, stock_of,
+    stock_routes, with_stock,
+};
 
 macro_rules! on_databases_with_locks {
     ($($name:ident),* $(,)?) => {
@@ -118,8 +42,8 @@ on_databases_with_locks!(
 // SQLite too: one writer at a time has nothing to conflict over, and batching
 // must still leave the stock exact.
 on_all_backends!(
-    hot_rows_in_random_order_reach_no_retry_tier_in_batches,
-    hot_rows_in_random_order_reach_no_retry_tier_with_prefetch_256,
+    hot_rows_reach_no_retry_tier_in_batches,
+    hot_rows_reach_no_retry_tier_with_prefetch_256,
 );
 
 /// Two orders, each alone in its transaction, take two rows in opposite
@@ -165,7 +89,7 @@ async fn deadlocked_pair<B: Backend>(
     let config = configure(broker.builder().with_batch_size(1).with_concurrency(2))
         .build()
         .unwrap();
-    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    let running = Running::start(Consumer::new(config, db.store.clone(), stock_routes::<B>()));
     let applied = crate::util::wait_for(Duration::from_secs(60), || {
         let s = running.stats.snapshot();
         async move { s.applied >= 2 }
@@ -183,50 +107,64 @@ async fn deadlocked_pair<B: Backend>(
 }
 
 /// The default settings: prefetch 32, 8 batches at once.
-async fn hot_rows_in_random_order_reach_no_retry_tier_in_batches<B: Backend>() {
-    hot_rows::<B>(|c| c).await;
+async fn hot_rows_reach_no_retry_tier_in_batches<B: Backend>() {
+    hot_rows::<B>(|c| c).await.drop_db().await;
 }
 
 /// Prefetch 256: up to 8 batches of 32 at once.
-async fn hot_rows_in_random_order_reach_no_retry_tier_with_prefetch_256<B: Backend>() {
-    hot_rows::<B>(|c| c.with_prefetch(256)).await;
+async fn hot_rows_reach_no_retry_tier_with_prefetch_256<B: Backend>() {
+    hot_rows::<B>(|c| c.with_prefetch(256))
+        .await
+        .drop_db()
+        .await;
 }
 
-/// 200 orders of 1 to 3 lines over 4 hot rows, in the queue before the
-/// consumer starts, so that it finds them buffered and batches them. Each
-/// order takes its lines in one order (by SKU), so that orders alone never
-/// deadlock; a batch takes the rows of many orders, in the order the orders
-/// came, so batches lock the same rows in different orders. Nothing may reach
-/// a retry tier or the dead-letter queue, and the stock must be exact.
+/// MySQL keeps a lock timeout in the session, which outlives a transaction on
+/// a pooled connection: after batches that set their own, every connection of
+/// the pool still has the server's, for the application's own queries.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_batches_leave_the_session_lock_timeout_as_they_found_it() {
+    let db = hot_rows::<sqlx::MySql>(|c| c.with_prefetch(256)).await;
+    let pool = db.store.pool();
+    let mut connections = Vec::new();
+    for _ in 0..pool.size() {
+        connections.push(pool.acquire().await.unwrap());
+    }
+    assert!(!connections.is_empty());
+    for conn in &mut connections {
+        let (session, global): (u64, u64) = sqlx::query_as(
+            "SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout",
+        )
+        .fetch_one(&mut **conn)
+        .await
+        .unwrap();
+        assert_eq!(session, global);
+    }
+    drop(connections);
+    db.drop_db().await;
+}
+
+/// 200 hot orders (`util::hot_orders`) in the queue before the consumer
+/// starts, so that it finds them buffered and batches them. Nothing may reach
+/// a retry tier or the dead-letter queue, and the stock must be exact. Hands
+/// the database back for more checks.
 async fn hot_rows<B: Backend>(
     configure: impl FnOnce(ConsumerConfigBuilder) -> ConsumerConfigBuilder,
-) {
+) -> TestDb<B> {
     let db = with_stock::<B>().await;
     let broker = TestBroker::new().await;
     let config = configure(broker.builder()).build().unwrap();
     broker.declare_config(&config).await;
-    let orders = 200;
-    let mut taken: HashMap<&str, i64> = HashMap::new();
-    let mut rng = fastrand::Rng::with_seed(22);
-    for _ in 0..orders {
-        let mut skus = SKUS.to_vec();
-        rng.shuffle(&mut skus);
-        skus.truncate(rng.usize(1..=3));
-        skus.sort_unstable();
-        let lines: Vec<(String, i64)> = skus
-            .iter()
-            .map(|&sku| {
-                let qty = rng.i64(1..=3);
-                *taken.entry(sku).or_default() += qty;
-                (sku.to_owned(), qty)
-            })
-            .collect();
-        broker.publish(&order(lines, None)).await;
+    let (orders, taken) = hot_orders(200, 22);
+    for order in &orders {
+        broker.publish(order).await;
     }
-    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    let n = orders.len() as u64;
+    let running = Running::start(Consumer::new(config, db.store.clone(), stock_routes::<B>()));
     let settled = crate::util::wait_for(Duration::from_secs(120), || {
         let s = running.stats.snapshot();
-        async move { s.applied + s.retried + s.dead_lettered >= orders }
+        async move { s.applied + s.retried + s.dead_lettered >= n }
     })
     .await;
     let s = running.stats.snapshot();
@@ -234,15 +172,12 @@ async fn hot_rows<B: Backend>(
     assert!(settled, "not settled: {s:?}");
     assert_eq!(
         (s.applied, s.retried, s.dead_lettered),
-        (orders, 0, 0),
+        (n, 0, 0),
         "every order applied, none through a retry tier or to the dead-letter queue: {s:?}"
     );
     assert!(s.batches > 0, "the buffered orders ran in batches: {s:?}");
-    for sku in SKUS {
-        let expected = STOCK - taken.get(sku).copied().unwrap_or(0);
-        assert_eq!(stock_of(&db, sku).await, expected, "{sku}: {s:?}");
-    }
+    assert_stock(&db, &taken).await;
     assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
     broker.cleanup().await;
-    db.drop_db().await;
+    db
 }

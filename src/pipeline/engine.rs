@@ -442,7 +442,7 @@ fn copy_follows(ready: &[Ready], members: &[usize], pos: usize) -> bool {
 }
 
 /// Rolls `tx` back, then returns `run`.
-async fn rolled_back<DB: sqlx::Database>(tx: Tx<DB>, run: Run) -> Run {
+async fn rolled_back<DB: crate::store::Dialect>(tx: Tx<DB>, run: Run) -> Run {
     let _ = tx.rollback().await;
     run
 }

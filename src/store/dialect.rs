@@ -229,6 +229,12 @@ pub trait SqlDialect: Database {
         None
     }
 
+    /// Where a lock timeout set by [`lock_timeout_sql`](Self::lock_timeout_sql)
+    /// outlives the transaction (a session variable), what puts the session's
+    /// own back; run before the transaction ends, so that the pooled
+    /// connection goes back to the application as it came.
+    const RESTORE_LOCK_TIMEOUT: Option<&'static str> = None;
+
     /// True if `e`, from the claim statement, means the message id was already
     /// claimed, for a dialect that refuses a duplicate with an error instead of
     /// ignoring it.

@@ -85,9 +85,17 @@ impl SqlStore<MySql> {
     }
 }
 
+/// Puts the session's own lock wait timeout back, as saved in
+/// `@warren_lock_wait` by the first transaction that set one of its own (a
+/// no-op before that). A user variable has no declared type: MariaDB refuses
+/// it unconverted.
+const RESTORE_LOCK_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = \
+     CAST(COALESCE(@warren_lock_wait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED)";
+
 /// A session variable outlives the transaction on a pooled connection, so a
-/// transaction with a lock timeout of its own saves the session's value once
-/// (in `@warren_lock_wait`), and every other transaction puts it back.
+/// transaction with a lock timeout of its own saves the session's value once,
+/// and puts it back before it ends (every other transaction warren begins
+/// puts it back too, in case one ended without).
 fn lock_wait_sql(lock_timeout: Option<std::time::Duration>) -> String {
     match lock_timeout {
         // Whole seconds, at least one: MySQL takes nothing finer.
@@ -96,10 +104,7 @@ fn lock_wait_sql(lock_timeout: Option<std::time::Duration>) -> String {
              SESSION innodb_lock_wait_timeout = {}",
             t.as_millis().div_ceil(1000).max(1)
         ),
-        // A user variable has no declared type: MariaDB refuses it unconverted.
-        None => "SET SESSION innodb_lock_wait_timeout = \
-                 CAST(COALESCE(@warren_lock_wait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED)"
-            .to_owned(),
+        None => RESTORE_LOCK_WAIT.to_owned(),
     }
 }
 
@@ -237,6 +242,8 @@ impl SqlDialect for MySql {
     fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {
         Some(lock_wait_sql(lock_timeout))
     }
+
+    const RESTORE_LOCK_TIMEOUT: Option<&'static str> = Some(RESTORE_LOCK_WAIT);
 
     async fn execute_raw(conn: &mut MySqlConnection, sql: &'static str) -> Result<(), sqlx::Error> {
         conn.execute(sqlx::raw_sql(sql)).await?;

@@ -355,7 +355,13 @@ shared_impl! {
             if !after.is_empty() {
                 Executor::execute(&mut *tx, sqlx::raw_sql(sqlx::AssertSqlSafe(after))).await?;
             }
-            Ok(super::Tx::new(tx, turn))
+            let mut tx = super::Tx::new(tx, turn);
+            if lock_timeout.is_some()
+                && let Some(restore) = D::RESTORE_LOCK_TIMEOUT
+            {
+                tx.restore_before_end(restore);
+            }
+            Ok(tx)
         }
 
         async fn claim<'a>(

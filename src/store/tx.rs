@@ -24,6 +24,10 @@ pub struct Tx<DB: Database> {
     enqueued: usize,
     /// What the version gate saw.
     gated: Gated,
+    /// Puts back the session's lock timeout, where the transaction set one
+    /// that outlives it (MySQL): run before it ends, so that the pooled
+    /// connection goes back as it came.
+    restore: Option<&'static str>,
     /// This process's turn to write, where writers take turns; declared last,
     /// so it is given up only once the transaction is.
     _turn: super::sql::WriteTurn,
@@ -36,8 +40,14 @@ impl<DB: Database> Tx<DB> {
             cause: None,
             enqueued: 0,
             gated: Gated::default(),
+            restore: None,
             _turn: turn,
         }
+    }
+
+    /// Runs `restore` before the transaction ends, commit or rollback.
+    pub(crate) fn restore_before_end(&mut self, restore: &'static str) {
+        self.restore = Some(restore);
     }
 
     pub(crate) fn set_cause(&mut self, cause: Metadata) {
@@ -58,10 +68,6 @@ impl<DB: Database> Tx<DB> {
     pub fn conn(&mut self) -> &mut DB::Connection {
         &mut self.inner
     }
-
-    pub(crate) async fn rollback(self) -> Result<(), StoreError> {
-        self.inner.rollback().await.map_err(StoreError::Database)
-    }
 }
 
 /// The savepoint a batch sets around each message, as every dialect spells it.
@@ -70,6 +76,15 @@ const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT warren_message";
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT warren_message";
 
 impl<DB: Dialect> Tx<DB> {
+    pub(crate) async fn rollback(mut self) -> Result<(), StoreError> {
+        if let Some(restore) = self.restore.take() {
+            // Best effort: the next transaction begun on the connection puts
+            // it back too.
+            let _ = DB::execute_raw(&mut self.inner, restore).await;
+        }
+        self.inner.rollback().await.map_err(StoreError::Database)
+    }
+
     async fn run_raw(&mut self, sql: &'static str) -> Result<(), StoreError> {
         DB::execute_raw(&mut self.inner, sql)
             .await
@@ -103,6 +118,12 @@ impl<DB: Dialect> Tx<DB> {
     /// caller, means no caller can forget it. A failed check rolls back and
     /// returns [`StoreError::Aborted`], unless the connection itself broke.
     pub(crate) async fn commit(mut self) -> Result<(), StoreError> {
+        if let Some(restore) = self.restore.take()
+            && let Err(e) = DB::execute_raw(&mut self.inner, restore).await
+        {
+            let _ = self.inner.rollback().await;
+            return Err(StoreError::Database(e));
+        }
         if let Err(e) = DB::check_before_commit(&mut self.inner).await {
             let _ = self.inner.rollback().await;
             return Err(if is_connection_error(&e) {

@@ -11,11 +11,13 @@ mod broker;
 mod db;
 mod handlers;
 mod proxy;
+mod stock;
 
 pub use broker::*;
 pub use db::*;
 pub use handlers::*;
 pub use proxy::*;
+pub use stock::*;
 
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
