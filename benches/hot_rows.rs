@@ -6,12 +6,14 @@
 //! `mysql` feature). Each setting runs in turns with the others, `ROUNDS`
 //! times; the table gives the median wall time of each and its ratio to batch
 //! size 1 at the same prefetch, with the conflict reruns of the median run.
-//! Every run checks that nothing went through a retry tier or to the
-//! dead-letter queue and that the stock is exact.
+//! Every run checks that every order applied, none went to the dead-letter
+//! queue and the stock is exact; the table says how many went through a
+//! retry tier.
 //!
 //! Needs the test broker and databases (the same variables as the tests):
 //! `cargo bench --bench hot_rows --all-features`; `HOT_ROWS_ORDERS` sets the
-//! number of orders (default 1000).
+//! number of orders (default 1000), `HOT_ROWS_LOCK_TIMEOUT_MS` the batches'
+//! lock timeout (default warren's).
 
 // It borrows the test support whole and uses a part of it.
 #![allow(clippy::print_stdout, missing_docs, unused, unreachable_pub)]
@@ -46,8 +48,20 @@ async fn main() {
     measure::<sqlx::MySql>(orders).await;
 }
 
-/// One run's wall time and conflict reruns.
-type Sample = (Duration, u64);
+/// The batches' lock timeout: `HOT_ROWS_LOCK_TIMEOUT_MS`, else warren's
+/// default.
+fn lock_timeout() -> Duration {
+    std::env::var("HOT_ROWS_LOCK_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(
+            warren::config::DEFAULT_BATCH_LOCK_TIMEOUT,
+            Duration::from_millis,
+        )
+}
+
+/// One run's wall time, conflict reruns, and trips through a retry tier.
+type Sample = (Duration, u64, u64);
 
 async fn measure<B: Backend>(orders: usize) {
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); SETTINGS.len()];
@@ -59,23 +73,23 @@ async fn measure<B: Backend>(orders: usize) {
     }
     println!("\n{}", <B as Backend>::NAME);
     println!(
-        "{:>8} {:>10} {:>12} {:>14} {:>16}",
-        "prefetch", "batch size", "median wall", "ratio to 1", "conflict reruns"
+        "{:>8} {:>10} {:>12} {:>11} {:>16} {:>8}",
+        "prefetch", "batch size", "median wall", "ratio to 1", "conflict reruns", "retried"
     );
     let mut baseline = Duration::ZERO;
     for (i, &(prefetch, batch)) in SETTINGS.iter().enumerate() {
         let mut runs = samples[i].clone();
         runs.sort();
-        let (wall, reruns) = runs[runs.len() / 2];
+        let (wall, reruns, retried) = runs[runs.len() / 2];
         if batch == 1 {
             baseline = wall;
         }
         let all: Vec<String> = samples[i]
             .iter()
-            .map(|(w, _)| format!("{:.2}", w.as_secs_f64()))
+            .map(|(w, _, _)| format!("{:.2}", w.as_secs_f64()))
             .collect();
         println!(
-            "{prefetch:>8} {batch:>10} {:>11.2}s {:>14.3} {reruns:>16}   (runs: {} s)",
+            "{prefetch:>8} {batch:>10} {:>11.2}s {:>11.3} {reruns:>16} {retried:>8}   (runs: {} s)",
             wall.as_secs_f64(),
             wall.as_secs_f64() / baseline.as_secs_f64(),
             all.join(", ")
@@ -91,6 +105,7 @@ async fn run<B: Backend>(orders: usize, prefetch: u16, batch: usize, seed: u64) 
         .with_prefetch(prefetch)
         .with_concurrency(8)
         .with_batch_size(batch)
+        .with_batch_lock_timeout(lock_timeout())
         .build()
         .unwrap();
     broker.declare_config(&config).await;
@@ -101,18 +116,22 @@ async fn run<B: Backend>(orders: usize, prefetch: u16, batch: usize, seed: u64) 
     let n = orders as u64;
     let started = Instant::now();
     let running = Running::start(Consumer::new(config, db.store.clone(), stock_routes::<B>()));
-    let done = util::wait_for(Duration::from_secs(600), || {
-        let s = running.stats.snapshot();
-        async move { s.applied + s.retried + s.dead_lettered >= n }
-    })
-    .await;
+    // Polled every 2 ms: the tests' 50 ms would be a tenth of a short run.
+    let deadline = started + Duration::from_secs(600);
+    let settled =
+        |s: &warren::telemetry::ConsumerStats| s.applied + s.retried + s.dead_lettered >= n;
+    while !settled(&running.stats.snapshot()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let done = settled(&running.stats.snapshot());
     let wall = started.elapsed();
     let s = running.stats.snapshot();
     running.stop().await.unwrap();
     assert!(done, "not drained within 600 s: {s:?}");
-    assert_eq!((s.applied, s.retried, s.dead_lettered), (n, 0, 0), "{s:?}");
+    // A retried order still applies once: the table reports it.
+    assert_eq!((s.applied, s.dead_lettered), (n, 0), "{s:?}");
     assert_stock(&db, &taken).await;
     broker.cleanup().await;
     db.drop_db().await;
-    (wall, s.conflict_retries)
+    (wall, s.conflict_retries, s.retried)
 }

@@ -355,6 +355,9 @@ impl<S: Store> Consumer<S> {
         self.inner
             .telemetry
             .batch_size_now(self.inner.batch_size.get());
+        self.inner
+            .telemetry
+            .batch_concurrency_now(self.inner.gate.limit());
         let lanes = Arc::new(Lanes::default());
         // Whatever ends the session, lanes take nothing more from it.
         let _close_lanes = CloseOnDrop(Arc::clone(&lanes));

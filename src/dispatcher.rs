@@ -21,8 +21,10 @@ use crate::broker::Delivery;
 use crate::config::LaneKey;
 
 pub(crate) mod barrier;
+pub(crate) mod gate;
 pub(crate) mod lanes;
 pub(crate) use barrier::SoloBarrier;
+pub(crate) use gate::BatchGate;
 
 /// Deliveries that run together.
 #[derive(Debug)]

@@ -24,7 +24,7 @@ use crate::amqp::header_int;
 use crate::broker::guard::Cause;
 use crate::broker::{Delivery, Port};
 use crate::config::ConsumerConfig;
-use crate::dispatcher::{Batch, BatchSize, SoloBarrier};
+use crate::dispatcher::{Batch, BatchGate, BatchSize, SoloBarrier};
 use crate::disposition::{Disposition, History, Rules};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
 use crate::failure::DeadLetterReason;
@@ -54,6 +54,9 @@ pub(crate) struct Pipeline<S: Store> {
     /// How many deliveries the dispatcher puts in a batch now: fewer after a
     /// lock conflict, back to the configured size as batches run clean.
     pub(crate) batch_size: BatchSize,
+    /// How many transactions of several messages run at once: fewer after
+    /// lock conflicts between them.
+    pub(crate) gate: std::sync::Arc<BatchGate>,
     /// Deliveries sent on to the partition their key belongs to: the first,
     /// the tenth, the hundredth... are logged as warnings.
     pub(crate) forwarded: std::sync::atomic::AtomicU64,
@@ -109,6 +112,7 @@ impl<S: Store> Pipeline<S> {
         Self {
             telemetry: Telemetry::new(&config.name, &config.queue),
             batch_size: BatchSize::new(config.batch_size()),
+            gate: std::sync::Arc::new(BatchGate::new(config.concurrency)),
             config,
             store,
             registry,

@@ -97,6 +97,10 @@ pub struct ConsumerStats {
     /// The size the consumer forms batches at now: its configured batch size,
     /// less after lock conflicts (0 before it first consumes).
     pub batch_size: u64,
+    /// How many transactions of several messages the consumer runs at once
+    /// now: its concurrency, less after lock conflicts between batches (0
+    /// before it first consumes).
+    pub batch_concurrency: u64,
 }
 
 #[derive(Debug)]
@@ -125,6 +129,7 @@ struct Counters {
     forwarded: AtomicU64,
     conflict_retries: AtomicU64,
     batch_size: AtomicU64,
+    batch_concurrency: AtomicU64,
 }
 
 impl Default for Counters {
@@ -151,6 +156,7 @@ impl Default for Counters {
             forwarded: AtomicU64::new(0),
             conflict_retries: AtomicU64::new(0),
             batch_size: AtomicU64::new(0),
+            batch_concurrency: AtomicU64::new(0),
         }
     }
 }
@@ -239,6 +245,7 @@ impl StatsHandle {
             forwarded: get(&c.forwarded),
             conflict_retries: get(&c.conflict_retries),
             batch_size: get(&c.batch_size),
+            batch_concurrency: get(&c.batch_concurrency),
         }
     }
 }
@@ -522,6 +529,15 @@ impl Telemetry {
             .conflict_retries
             .fetch_add(1, Ordering::Relaxed);
         metrics::counter!("consumer_conflict_retries_total", &self.labels()).increment(1);
+    }
+
+    /// How many transactions of several messages may run at once now.
+    pub(crate) fn batch_concurrency_now(&self, limit: usize) {
+        self.stats
+            .0
+            .batch_concurrency
+            .store(limit as u64, Ordering::Relaxed);
+        metrics::gauge!("consumer_batch_concurrency_limit", &self.labels()).set(limit as f64);
     }
 
     /// The size the dispatcher forms batches at now.

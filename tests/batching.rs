@@ -154,7 +154,7 @@ async fn a_batch_of_one_keeps_latency_at_low_load<B: Backend>() {
 
 /// 200 independent messages in the queue before the consumer starts: they run
 /// in batches, none of which meets a lock conflict, so the batch size the
-/// consumer forms stays at the configured one.
+/// consumer forms and how many batches it runs at once stay as configured.
 async fn a_run_without_conflicts_keeps_the_full_batch_size<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
@@ -179,9 +179,9 @@ async fn a_run_without_conflicts_keeps_the_full_batch_size<B: Backend>() {
     assert_eq!(s.applied, 200, "{s:?}");
     assert!(s.batches > 0, "they ran in batches: {s:?}");
     assert_eq!(
-        (s.conflict_retries, s.batch_size),
-        (0, configured),
-        "no conflict, full size: {s:?}"
+        (s.conflict_retries, s.batch_size, s.batch_concurrency),
+        (0, configured, 8),
+        "no conflict, full size, full concurrency: {s:?}"
     );
     assert_eq!(db.effects().await, 200);
 

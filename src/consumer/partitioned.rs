@@ -272,6 +272,7 @@ impl<S: Store> Consumer<S> {
         // The partitions count and size their batches as the one consumer they are.
         pipeline.telemetry = self.inner.telemetry.clone();
         pipeline.batch_size = self.inner.batch_size.clone();
+        pipeline.gate = Arc::clone(&self.inner.gate);
         pipeline.signer = signer;
         let partition = Consumer {
             inner: Arc::new(pipeline),

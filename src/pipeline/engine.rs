@@ -32,8 +32,11 @@
 //!   transient failure. A unit of several waits for a lock no longer than the
 //!   consumer's batch lock timeout, so a conflict between batches costs
 //!   milliseconds, not PostgreSQL's one-second deadlock detection; a unit of
-//!   one keeps the server's own timeouts. Every conflict halves the
-//!   consumer's batch size, and every batch that runs clean grows it by one.
+//!   one keeps the server's own timeouts. A conflict between batches halves
+//!   how many run at once (the dispatcher's `BatchGate`, which every unit of
+//!   several passes before it begins); one while they already run one at a
+//!   time halves the consumer's batch size, which every batch that runs clean
+//!   grows by one.
 //! - **A failure that names no message** (an aborted transaction found at
 //!   commit or by a later handler's statement, a failed claim): each message
 //!   runs again in a unit of its own, where the failure is its own.
@@ -170,8 +173,15 @@ impl<S: Store> Pipeline<S> {
                 }
                 Run::Conflict(failure) => {
                     conflicted = true;
-                    self.batch_size.conflict();
-                    self.telemetry.batch_size_now(self.batch_size.get());
+                    // Batches side by side make way first; only batches
+                    // that conflict one at a time grow smaller.
+                    if self.gate.limit() > 1 {
+                        self.gate.conflict();
+                        self.telemetry.batch_concurrency_now(self.gate.limit());
+                    } else {
+                        self.batch_size.conflict();
+                        self.telemetry.batch_size_now(self.batch_size.get());
+                    }
                     let pause = if part.members.len() > 1 {
                         let second = part.members.split_off(part.members.len() / 2);
                         parts.push_front(Part::of(second));
@@ -197,8 +207,13 @@ impl<S: Store> Pipeline<S> {
                 }
             }
         }
-        if !conflicted && !solo && self.batch_size.grow() {
-            self.telemetry.batch_size_now(self.batch_size.get());
+        if !conflicted && !solo {
+            if ready.len() > 1 && self.gate.clean() {
+                self.telemetry.batch_concurrency_now(self.gate.limit());
+            }
+            if self.batch_size.grow() {
+                self.telemetry.batch_size_now(self.batch_size.get());
+            }
         }
         decided
             .into_iter()
@@ -216,6 +231,10 @@ impl<S: Store> Pipeline<S> {
                 BatchIsolation::Savepoints { .. }
             );
         let lock_timeout = several.then(|| self.config.batch_lock_timeout());
+        let _pass = match several {
+            true => Some(self.gate.enter().await),
+            false => None,
+        };
         let mut tx = match self.store.begin_with_lock_timeout(lock_timeout).await {
             Ok(tx) => tx,
             Err(e) => return store_failed(e),
