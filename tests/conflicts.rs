@@ -181,3 +181,78 @@ async fn hot_rows<B: Backend>(
     broker.cleanup().await;
     db
 }
+
+/// What a PostgreSQL transaction's lock timeout was, per message.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Probe {}
+
+async fn probe_lock_timeout(
+    msg: warren::Message<Probe>,
+    tx: &mut warren::Tx<sqlx::Postgres>,
+) -> Result<(), warren::HandlerError> {
+    sqlx::query(
+        "INSERT INTO test_lock_timeouts (message_id, lock_timeout) \
+         VALUES ($1, current_setting('lock_timeout'))",
+    )
+    .bind(&msg.meta.message_id)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// A transaction of several messages waits for a row lock no longer than the
+/// batch lock timeout; one of a single message keeps the server's setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_only_batches_set_their_own_lock_timeout() {
+    let db = <sqlx::Postgres as Backend>::create().await;
+    <sqlx::Postgres as Backend>::exec(
+        &db.store,
+        "CREATE TABLE test_lock_timeouts (message_id TEXT PRIMARY KEY, lock_timeout TEXT NOT NULL)"
+            .into(),
+    )
+    .await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let probe = || warren::Outgoing::new("test.probe", 1, &Probe {}).unwrap();
+    for _ in 0..40 {
+        broker.publish(&probe()).await;
+    }
+    let config = broker.builder().build().unwrap();
+    let running = Running::start(Consumer::new(
+        config,
+        db.store.clone(),
+        warren::Registry::new().route("test.probe", 1, probe_lock_timeout),
+    ));
+    assert!(running.settled(40, Duration::from_secs(60)).await);
+    // Alone now: the queue is empty, so it runs in a transaction of its own.
+    let alone = probe();
+    broker.publish(&alone).await;
+    assert!(running.settled(41, Duration::from_secs(60)).await);
+    let s = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert!(s.batches > 0, "the first 40 ran in batches: {s:?}");
+    let batched = <sqlx::Postgres as Backend>::count(
+        &db.store,
+        "SELECT count(*) FROM test_lock_timeouts WHERE lock_timeout = '25ms'".into(),
+    )
+    .await;
+    assert_eq!(
+        batched as u64, s.batched,
+        "every message of a batch ran under the batch lock timeout"
+    );
+    let single = <sqlx::Postgres as Backend>::count(
+        &db.store,
+        format!(
+            "SELECT count(*) FROM test_lock_timeouts WHERE message_id = '{}' \
+             AND lock_timeout = current_setting('lock_timeout')",
+            alone.meta().message_id
+        ),
+    )
+    .await;
+    assert_eq!(
+        single, 1,
+        "the message alone kept the server's lock timeout"
+    );
+    broker.cleanup().await;
+    db.drop_db().await;
+}

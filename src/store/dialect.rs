@@ -229,6 +229,11 @@ pub trait SqlDialect: Database {
         None
     }
 
+    /// True if the begin statement is sent as text that may hold more
+    /// statements after it (PostgreSQL's simple query), so that what follows
+    /// the begin costs no round trip of its own.
+    const BEGIN_TAKES_MORE: bool = false;
+
     /// Where a lock timeout set by [`lock_timeout_sql`](Self::lock_timeout_sql)
     /// outlives the transaction (a session variable), what puts the session's
     /// own back; run before the transaction ends, so that the pooled

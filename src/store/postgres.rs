@@ -256,6 +256,9 @@ impl SqlDialect for Postgres {
     /// the server's setting. A lock timeout shorter than `deadlock_timeout`
     /// (1 s by default, settable by a superuser only) also ends a deadlock
     /// before PostgreSQL would look for one.
+    /// sqlx begins a PostgreSQL transaction with a simple query.
+    const BEGIN_TAKES_MORE: bool = true;
+
     fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {
         lock_timeout.map(|t| format!("SET LOCAL lock_timeout = {}", t.as_millis().max(1)))
     }

@@ -345,16 +345,23 @@ shared_impl! {
             lock_timeout: Option<Duration>,
         ) -> Result<super::Tx<D>, StoreError> {
             let turn = self.write_turn().await?;
-            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            // One round trip for what follows the begin, however many parts.
+            // What follows the begin goes in one round trip, however many
+            // parts; in the begin's own where the dialect allows.
             let after = [D::SQL.after_begin.map(str::to_owned), D::lock_timeout_sql(lock_timeout)]
                 .into_iter()
                 .flatten()
                 .collect::<Vec<_>>()
                 .join("; ");
-            if !after.is_empty() {
+            let tx = if after.is_empty() {
+                self.pool.begin_with(D::SQL.begin).await?
+            } else if D::BEGIN_TAKES_MORE {
+                let begin = format!("{}; {after}", D::SQL.begin);
+                self.pool.begin_with(sqlx::AssertSqlSafe(begin)).await?
+            } else {
+                let mut tx = self.pool.begin_with(D::SQL.begin).await?;
                 Executor::execute(&mut *tx, sqlx::raw_sql(sqlx::AssertSqlSafe(after))).await?;
-            }
+                tx
+            };
             let mut tx = super::Tx::new(tx, turn);
             if lock_timeout.is_some()
                 && let Some(restore) = D::RESTORE_LOCK_TIMEOUT
