@@ -18,7 +18,7 @@ pub use isolation::{BatchIsolation, MAX_SUBTRANSACTIONS};
 
 /// Default number of unacknowledged deliveries the broker may push to one consumer.
 pub const DEFAULT_PREFETCH: u16 = 32;
-/// Default number of messages processed at once.
+/// Default number of batches (database transactions) processed at once.
 pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Default largest number of deliveries applied in one database transaction.
 pub const DEFAULT_BATCH_SIZE: usize = 32;

@@ -264,8 +264,9 @@ impl<S: OutboxStore> Relay<S> {
         Ok(())
     }
 
-    /// Deletes published rows older than the retention, in batches of 1000 so no
-    /// single statement holds locks for long. Returns how many were deleted.
+    /// Deletes published rows older than the retention, in batches of
+    /// [`PURGE_BATCH`](crate::admin::PURGE_BATCH) so no single statement holds
+    /// locks for long. Returns how many were deleted.
     pub async fn delete_expired(&self) -> Result<u64, StoreError> {
         let cutoff = crate::retention::cutoff(self.config.retention).ok_or_else(|| {
             StoreError::Config(crate::retention::window_too_long(
@@ -275,9 +276,12 @@ impl<S: OutboxStore> Relay<S> {
         })?;
         let mut deleted = 0;
         loop {
-            let n = self.store.delete_published_before(cutoff, 1000).await?;
+            let n = self
+                .store
+                .delete_published_before(cutoff, crate::retention::PURGE_BATCH)
+                .await?;
             deleted += n;
-            if n < 1000 {
+            if n < u64::from(crate::retention::PURGE_BATCH) {
                 return Ok(deleted);
             }
         }

@@ -162,7 +162,7 @@ pub(crate) fn log_task_end(done: Result<(), tokio::task::JoinError>) {
     if let Err(e) = done
         && !e.is_cancelled()
     {
-        // `process` catches handler panics; reaching this means warren itself
+        // The engine catches handler panics; reaching this means warren itself
         // panicked. The delivery was not acked, so it is redelivered.
         tracing::error!(error = %e, "message task failed");
     }

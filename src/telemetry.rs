@@ -441,7 +441,7 @@ impl Telemetry {
         metrics::gauge!("rabbitmq_queue_consumers", &labels).set(f64::from(consumers));
     }
 
-    /// A bookkeeping statement of warren's own failed (a redelivery count not
+    /// A bookkeeping statement of warren's own failed (a solo-run count not
     /// recorded or not cleared): logged and counted, never silently dropped.
     pub(crate) fn bookkeeping_error(
         &self,

@@ -28,7 +28,7 @@ impl ConsumerConfig {
         if self.queue.trim().is_empty() || self.queue.len() > 200 {
             return fail(
                 "queue",
-                format!("must be 1 to 200 characters, got {:?}", self.queue),
+                format!("must be 1 to 200 bytes, got {} bytes", self.queue.len()),
             );
         }
         if self.exchange.is_some() && self.binding_keys.is_empty() {

@@ -146,7 +146,7 @@ impl Fixture {
 
     async fn solo_runs_recorded(&self, message_id: &str) -> i64 {
         sqlx::query_scalar(
-            "SELECT COALESCE(SUM(deliveries), 0) FROM warren_redeliveries WHERE message_id = ?",
+            "SELECT COALESCE(SUM(runs), 0) FROM warren_solo_runs WHERE message_id = ?",
         )
         .bind(message_id)
         .fetch_one(self.pipeline.store.pool())

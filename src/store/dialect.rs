@@ -69,17 +69,17 @@ pub struct Statements {
     /// (consumer, cutoff, batch): deletes up to `batch` inbox rows processed
     /// before the cutoff.
     pub purge_inbox: &'static str,
-    /// (consumer, cutoff, batch): deletes up to `batch` redelivery counts last
+    /// (consumer, cutoff, batch): deletes up to `batch` solo-run counts last
     /// touched before the cutoff.
-    pub purge_redeliveries: &'static str,
-    /// (consumer, message id): adds one to the redelivery count, creating it at
+    pub purge_solo_runs: &'static str,
+    /// (consumer, message id): adds one to the solo-run count, creating it at
     /// 1, and returns it unless [`solo_run_count`](Self::solo_run_count) is
     /// set.
     pub record_solo_run: &'static str,
     /// (consumer, message id): reads the count back, for a dialect whose upsert
     /// cannot return it; run on the same transaction.
     pub solo_run_count: Option<&'static str>,
-    /// (consumer, message id): forgets the redelivery count.
+    /// (consumer, message id): forgets the solo-run count.
     pub clear_solo_runs: &'static str,
     /// (message id, exchange, routing key, properties, body): one outbox row.
     pub insert_outbox: &'static str,
@@ -263,7 +263,7 @@ impl Statements {
             ("claim", self.claim, 5),
             ("unclaim", self.unclaim, 2),
             ("purge_inbox", self.purge_inbox, 3),
-            ("purge_redeliveries", self.purge_redeliveries, 3),
+            ("purge_solo_runs", self.purge_solo_runs, 3),
             ("record_solo_run", self.record_solo_run, 2),
             ("clear_solo_runs", self.clear_solo_runs, 2),
             ("insert_outbox", self.insert_outbox, 5),
@@ -373,13 +373,13 @@ mod tests {
     #[test]
     fn postgres_statements_bind_what_the_shared_code_binds() {
         check_statements::<sqlx::Postgres>();
-        super::super::migrations::check_list(&sqlx::Postgres::MIGRATIONS, &[2, 1, 3, 2, 1, 3]);
+        super::super::migrations::check_list(&sqlx::Postgres::MIGRATIONS, &[2, 1, 3, 2, 1, 3, 4]);
     }
 
     #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_statements_bind_what_the_shared_code_binds() {
         check_statements::<sqlx::Sqlite>();
-        super::super::migrations::check_list(&sqlx::Sqlite::MIGRATIONS, &[2, 1, 3, 1, 2, 1, 3]);
+        super::super::migrations::check_list(&sqlx::Sqlite::MIGRATIONS, &[2, 1, 3, 1, 2, 1, 3, 5]);
     }
 }

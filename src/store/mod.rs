@@ -8,7 +8,8 @@
 //! - `error`: [`StoreError`] and the questions callers ask of database errors.
 //! - `dialect`: what a SQL database supplies: statements and hooks (`SqlDialect`).
 //! - `sql`: the one implementation of [`Store`] and [`OutboxStore`] over a dialect
-//!   (`SqlStore`, which [`PgStore`] and [`SqliteStore`] name for their dialect).
+//!   (`SqlStore`, which `PgStore`, `SqliteStore` and `MySqlStore` name for
+//!   their dialect).
 //! - `migrations`: warren's tables as `.sql` files per dialect.
 //! - `postgres`, `sqlite`, `mysql`: connecting, and each dialect's statements and
 //!   hooks.
@@ -193,7 +194,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Deletes up to `batch` inbox rows of `consumer` processed before `cutoff`,
-    /// and as many redelivery counts last touched before it; returns how many
+    /// and as many solo-run counts last touched before it; returns how many
     /// inbox rows went. Callers loop until fewer than `batch` come back, so no
     /// single statement holds locks for long.
     fn purge_inbox<'a>(

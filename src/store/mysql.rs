@@ -125,16 +125,16 @@ impl SqlDialect for MySql {
         unclaim: "DELETE FROM warren_inbox WHERE consumer_name = ? AND message_id = ?",
         purge_inbox: "DELETE FROM warren_inbox
              WHERE consumer_name = ? AND processed_at < ? ORDER BY processed_at LIMIT ?",
-        purge_redeliveries: "DELETE FROM warren_redeliveries
-             WHERE consumer_name = ? AND last_delivered_at < ? ORDER BY last_delivered_at LIMIT ?",
-        record_solo_run: "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
+        purge_solo_runs: "DELETE FROM warren_solo_runs
+             WHERE consumer_name = ? AND last_run_at < ? ORDER BY last_run_at LIMIT ?",
+        record_solo_run: "INSERT INTO warren_solo_runs (consumer_name, message_id, runs)
              VALUES (?, ?, 1)
-             ON DUPLICATE KEY UPDATE deliveries = deliveries + 1,
-                                     last_delivered_at = UTC_TIMESTAMP(6)",
+             ON DUPLICATE KEY UPDATE runs = runs + 1,
+                                     last_run_at = UTC_TIMESTAMP(6)",
         solo_run_count: Some(
-            "SELECT deliveries FROM warren_redeliveries WHERE consumer_name = ? AND message_id = ?",
+            "SELECT runs FROM warren_solo_runs WHERE consumer_name = ? AND message_id = ?",
         ),
-        clear_solo_runs: "DELETE FROM warren_redeliveries WHERE consumer_name = ? AND message_id = ?",
+        clear_solo_runs: "DELETE FROM warren_solo_runs WHERE consumer_name = ? AND message_id = ?",
         insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
              VALUES (?, ?, ?, ?, ?)",
         notify_outbox: None,
@@ -213,6 +213,11 @@ impl SqlDialect for MySql {
                 version: 5,
                 name: "partition leases, versions",
                 sql: include_str!("migrations/mysql/0005_partitions_versions.sql"),
+            },
+            Migration {
+                version: 6,
+                name: "solo runs",
+                sql: include_str!("migrations/mysql/0006_solo_runs.sql"),
             },
         ],
     };

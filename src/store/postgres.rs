@@ -127,17 +127,17 @@ impl SqlDialect for Postgres {
         purge_inbox: "DELETE FROM warren_inbox WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_inbox
                 WHERE consumer_name = $1 AND processed_at < $2 LIMIT $3)",
-        purge_redeliveries: "DELETE FROM warren_redeliveries WHERE (consumer_name, message_id) IN (
-                SELECT consumer_name, message_id FROM warren_redeliveries
-                WHERE consumer_name = $1 AND last_delivered_at < $2 LIMIT $3)",
-        record_solo_run: "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
+        purge_solo_runs: "DELETE FROM warren_solo_runs WHERE (consumer_name, message_id) IN (
+                SELECT consumer_name, message_id FROM warren_solo_runs
+                WHERE consumer_name = $1 AND last_run_at < $2 LIMIT $3)",
+        record_solo_run: "INSERT INTO warren_solo_runs (consumer_name, message_id, runs)
              VALUES ($1, $2, 1)
              ON CONFLICT (consumer_name, message_id)
-             DO UPDATE SET deliveries = warren_redeliveries.deliveries + 1,
-                           last_delivered_at = now()
-             RETURNING deliveries",
+             DO UPDATE SET runs = warren_solo_runs.runs + 1,
+                           last_run_at = now()
+             RETURNING runs",
         solo_run_count: None,
-        clear_solo_runs: "DELETE FROM warren_redeliveries WHERE consumer_name = $1 AND message_id = $2",
+        clear_solo_runs: "DELETE FROM warren_solo_runs WHERE consumer_name = $1 AND message_id = $2",
         insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
              VALUES ($1, $2, $3, $4, $5)",
         // Delivered only if and when the transaction commits.
@@ -223,6 +223,11 @@ impl SqlDialect for Postgres {
                 version: 6,
                 name: "partition leases, versions",
                 sql: include_str!("migrations/postgres/0006_partitions_versions.sql"),
+            },
+            Migration {
+                version: 7,
+                name: "solo runs",
+                sql: include_str!("migrations/postgres/0007_solo_runs.sql"),
             },
         ],
     };

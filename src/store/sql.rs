@@ -439,9 +439,9 @@ shared_impl! {
         ) -> Result<u64, StoreError> {
             let _turn = self.write_turn().await?;
             let mut deleted = [0; 2];
-            // Redelivery counts older than the window belong to messages long
+            // Solo-run counts older than the window belong to messages long
             // settled.
-            for (n, sql) in [D::SQL.purge_inbox, D::SQL.purge_redeliveries]
+            for (n, sql) in [D::SQL.purge_inbox, D::SQL.purge_solo_runs]
                 .into_iter()
                 .enumerate()
             {

@@ -130,17 +130,17 @@ impl SqlDialect for Sqlite {
         purge_inbox: "DELETE FROM warren_inbox WHERE rowid IN (
                 SELECT rowid FROM warren_inbox
                 WHERE consumer_name = ?1 AND processed_at < ?2 LIMIT ?3)",
-        purge_redeliveries: "DELETE FROM warren_redeliveries WHERE rowid IN (
-                SELECT rowid FROM warren_redeliveries
-                WHERE consumer_name = ?1 AND last_delivered_at < ?2 LIMIT ?3)",
-        record_solo_run: "INSERT INTO warren_redeliveries (consumer_name, message_id, deliveries)
+        purge_solo_runs: "DELETE FROM warren_solo_runs WHERE rowid IN (
+                SELECT rowid FROM warren_solo_runs
+                WHERE consumer_name = ?1 AND last_run_at < ?2 LIMIT ?3)",
+        record_solo_run: "INSERT INTO warren_solo_runs (consumer_name, message_id, runs)
              VALUES (?1, ?2, 1)
              ON CONFLICT (consumer_name, message_id)
-             DO UPDATE SET deliveries = warren_redeliveries.deliveries + 1,
-                           last_delivered_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
-             RETURNING deliveries",
+             DO UPDATE SET runs = warren_solo_runs.runs + 1,
+                           last_run_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+             RETURNING runs",
         solo_run_count: None,
-        clear_solo_runs: "DELETE FROM warren_redeliveries WHERE consumer_name = ?1 AND message_id = ?2",
+        clear_solo_runs: "DELETE FROM warren_solo_runs WHERE consumer_name = ?1 AND message_id = ?2",
         insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
              VALUES (?1, ?2, ?3, ?4, ?5)",
         notify_outbox: None,
@@ -232,6 +232,11 @@ impl SqlDialect for Sqlite {
                 version: 7,
                 name: "partition leases, versions",
                 sql: include_str!("migrations/sqlite/0007_partitions_versions.sql"),
+            },
+            Migration {
+                version: 8,
+                name: "solo runs",
+                sql: include_str!("migrations/sqlite/0008_solo_runs.sql"),
             },
         ],
     };
