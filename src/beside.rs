@@ -9,10 +9,10 @@ use crate::broker::Backoff;
 use crate::consumer::Consumer;
 use crate::relay::Relay;
 use crate::relay_config::RelayConfig;
-use crate::store::OutboxStore;
+use crate::store::{ConsumerStore, OutboxStore};
 use crate::telemetry::Telemetry;
 
-impl<S: OutboxStore> Consumer<S> {
+impl<S: ConsumerStore + OutboxStore> Consumer<S> {
     /// Runs the consumer and an outbox relay on the same store together, the
     /// common case: what handlers write to the outbox is published as soon as it
     /// commits. On shutdown the consumer drains first, then the relay publishes

@@ -26,20 +26,20 @@ use crate::session::{
     ConnectionPair, STABLE_SESSION, Session, SessionEnd, SharedConnections, drain, is_fatal,
     log_task_end, monitor,
 };
-use crate::store::Store;
+use crate::store::ConsumerStore;
 use crate::telemetry::StatsHandle;
 use crate::topology::Topology;
 
 /// A consumer: configuration, a store, and a routing table, ready to
 /// [`run`](Self::run).
-pub struct Consumer<S: Store> {
+pub struct Consumer<S: ConsumerStore> {
     pub(crate) inner: Arc<Pipeline<S>>,
     /// Set on a partition's consumer: the connections of its partitioned
     /// consumer, shared with the other partitions.
     pub(crate) shared: Option<SharedConnections>,
 }
 
-impl<S: Store> Consumer<S> {
+impl<S: ConsumerStore> Consumer<S> {
     /// A consumer that will apply each message through `registry` inside a
     /// transaction of `store`.
     pub fn new<St>(config: ConsumerConfig, store: S, registry: Registry<S::Db, St>) -> Self
@@ -458,7 +458,7 @@ impl<S: Store> Consumer<S> {
 }
 
 /// Runs `key`'s lane from `first` until it is empty or its session ended.
-async fn run_lane<S: Store>(
+async fn run_lane<S: ConsumerStore>(
     pipeline: &Pipeline<S>,
     port: &dyn Port,
     lanes: &Lanes,

@@ -32,7 +32,7 @@ use crate::handler::BoundCall;
 use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, Signer};
 use crate::partition::{self, KeyError};
 use crate::registry::Registry;
-use crate::store::Store;
+use crate::store::{SoloRuns, Store};
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
 use crate::version::GatedVersion;
 
@@ -41,7 +41,7 @@ mod settle;
 mod suspect;
 
 /// Everything one consumer applies deliveries with.
-pub(crate) struct Pipeline<S: Store> {
+pub(crate) struct Pipeline<S: Store + SoloRuns> {
     pub(crate) config: ConsumerConfig,
     pub(crate) store: S,
     pub(crate) registry: Registry<S::Db>,
@@ -100,7 +100,7 @@ type Decided = (Disposition, Option<GatedVersion>);
 /// A valid delivery's metadata and its handler call, bound to its payload.
 type Routed<DB> = (Metadata, Box<dyn BoundCall<DB>>);
 
-impl<S: Store> Pipeline<S> {
+impl<S: Store + SoloRuns> Pipeline<S> {
     /// A pipeline that applies deliveries through `registry` in transactions
     /// of `store`, its suspects waiting on `barrier`.
     pub(crate) fn new(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use crate::retry::{RetryPolicy, format_delay};
-use crate::store::{Store, StoreError};
+use crate::store::{Retention, StoreError};
 
 /// Default margin for replays and republishing on top of the retry horizon.
 pub const DEFAULT_REPLAY_MARGIN: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -81,7 +81,7 @@ pub(crate) fn window_too_long(what: &str, window: Duration) -> String {
 /// Deletes inbox rows of `consumer` older than `window`, in bounded batches.
 /// Returns how many were deleted. Check the window with [`check_window`] first;
 /// a window over [`MAX_RETENTION`] is an error.
-pub async fn purge_inbox<S: Store>(
+pub async fn purge_inbox<S: Retention>(
     store: &S,
     consumer: &str,
     window: Duration,

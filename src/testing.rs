@@ -124,7 +124,7 @@ use crate::outbox_row::RowOutcome;
 use crate::outgoing::Outgoing;
 use crate::pipeline::Pipeline;
 use crate::registry::Registry;
-use crate::store::{OutboxStore, Store, StoreError};
+use crate::store::{ConsumerStore, OutboxStore, StoreError};
 use crate::telemetry::{ConsumerStats, Outcome};
 
 mod outbox_message;
@@ -183,7 +183,7 @@ pub enum Settled {
 /// A consumer without a broker: feeds deliveries to the handlers through
 /// warren's pipeline, one at a time, and reports how each settled. See the
 /// [module docs](self) for an example.
-pub struct TestConsumer<S: Store> {
+pub struct TestConsumer<S: ConsumerStore> {
     pipeline: Pipeline<S>,
     broker: MemoryBroker,
     next_tag: AtomicU64,
@@ -204,7 +204,7 @@ struct Seen {
     settled_copies: Vec<(String, Settled)>,
 }
 
-impl<S: OutboxStore> TestConsumer<S> {
+impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
     /// A test consumer applying messages through `registry` in transactions of
     /// `store`. Migrates warren's tables and loads the signing
     /// key, as [`Consumer::run`](crate::Consumer::run) does at start.
@@ -521,7 +521,7 @@ impl<S: OutboxStore> TestConsumer<S> {
     }
 }
 
-impl<S: Store> std::fmt::Debug for TestConsumer<S> {
+impl<S: ConsumerStore> std::fmt::Debug for TestConsumer<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestConsumer")
             .field("consumer", &self.pipeline.config.name)

@@ -8,9 +8,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use warren::broker::BatchItem;
 use warren::lapin::options::ExchangeDeleteOptions;
+use warren::store::Leases;
 use warren::version::{Verdict, VersionMode};
 use warren::{
-    Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, RetryPolicy, Store, Tx,
+    Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, RetryPolicy, Tx,
 };
 
 use crate::util::{APPLIED_TABLE, Backend, Running, TEST_TIERS, TestBroker, TestDb, wait_for};

@@ -17,9 +17,7 @@ use warren::broker::{BatchItem, BrokerError};
 use warren::lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
 use warren::lapin::types::AMQPValue;
 use warren::version::{Verdict, VersionMode};
-use warren::{
-    Consumer, ConsumerConfig, HandlerError, Message, Outgoing, QueueType, Registry, Store, Tx,
-};
+use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, QueueType, Registry, Tx};
 
 use crate::util::{
     APPLIED_TABLE, Backend, Running, TestBroker, TestDb, amqp_url, queue_policy, wait_for,
@@ -163,7 +161,7 @@ async fn jittery_until_settled<B: Backend>(
 }
 
 /// Partition -> owner, as stored (empty owner: free).
-async fn owners<S: Store>(store: &S, name: &str) -> BTreeMap<u32, String> {
+async fn owners<S: warren::store::Leases>(store: &S, name: &str) -> BTreeMap<u32, String> {
     store
         .leases(name)
         .await
@@ -184,7 +182,7 @@ fn shares(owners: &BTreeMap<u32, String>) -> HashMap<String, usize> {
 
 /// Waits until one member holds all `count` partitions and each partition
 /// queue has its consumer; returns that member.
-async fn one_owner_of_all<S: Store>(
+async fn one_owner_of_all<S: warren::store::Leases>(
     store: &S,
     broker: &TestBroker,
     config: &ConsumerConfig,

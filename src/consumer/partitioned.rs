@@ -16,7 +16,7 @@ use crate::broker::{self, Backoff};
 use crate::partition::lease::Leaser;
 use crate::pipeline::Pipeline;
 use crate::session::{SharedConnections, is_fatal};
-use crate::store::Store;
+use crate::store::ConsumerStore;
 
 /// One partition being consumed.
 struct Running {
@@ -32,7 +32,7 @@ impl Running {
     }
 }
 
-impl<S: Store> Consumer<S> {
+impl<S: ConsumerStore> Consumer<S> {
     /// Declares the partitioned topology, then takes, consumes and hands over
     /// partitions by lease until `shutdown`; then drains every partition and
     /// gives its leases back.

@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::store::{Lease, LeaseStep, Store, StoreError};
+use crate::store::{Lease, LeaseStep, Leases, StoreError};
 
 /// Milliseconds since the epoch, by this instance's clock. Leases compare
 /// clocks of different instances: they are assumed to be NTP-synchronised to
@@ -77,7 +77,7 @@ pub(crate) fn plan(
 }
 
 /// One member's side of the protocol.
-pub(crate) struct Leaser<S: Store> {
+pub(crate) struct Leaser<S: Leases> {
     store: S,
     consumer: String,
     member: String,
@@ -85,7 +85,7 @@ pub(crate) struct Leaser<S: Store> {
     ttl: Duration,
 }
 
-impl<S: Store> Leaser<S> {
+impl<S: Leases> Leaser<S> {
     pub(crate) fn new(store: S, consumer: &str, member: &str, count: u32, ttl: Duration) -> Self {
         Self {
             store,

@@ -61,7 +61,7 @@ use crate::disposition::{
 use crate::failpoint;
 use crate::failure::HandlerError;
 use crate::handler::BoundCall;
-use crate::store::{InboxEntry, Store, StoreError, Tx};
+use crate::store::{InboxEntry, SoloRuns, Store, StoreError, Tx};
 use crate::version::GatedVersion;
 
 /// A ready delivery in a unit of work.
@@ -111,7 +111,7 @@ enum Run {
     Outage(String),
 }
 
-impl<S: Store> Pipeline<S> {
+impl<S: Store + SoloRuns> Pipeline<S> {
     /// Applies `ready` (each bound to its call in `calls`) in as few units of
     /// work as isolation and conflicts allow, and decides each one's
     /// disposition. A `solo` run (a suspect) also forgets its solo runs in the

@@ -12,11 +12,11 @@ use crate::failure::DeadLetterReason;
 use crate::headers::{
     self, Origin, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy,
 };
-use crate::store::Store;
+use crate::store::{SoloRuns, Store};
 use crate::telemetry::Outcome;
 use crate::version::GatedVersion;
 
-impl<S: Store> Pipeline<S> {
+impl<S: Store + SoloRuns> Pipeline<S> {
     /// Settles what was decided, then finishes each delivery: one ack (or as
     /// few as the tags allow) for every delivery acked because its unit
     /// committed, then the rest side by side, so that a backoff before

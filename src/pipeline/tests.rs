@@ -13,7 +13,7 @@ use sqlx::Sqlite;
 
 use super::*;
 use crate::broker::memory::MemoryBroker;
-use crate::store::{SqliteStore, Tx};
+use crate::store::{SigningKey, SqliteStore, Tx};
 use crate::{DeadLetterInfo, HandlerError, Message, Outgoing, RetryPolicy};
 
 const EVENT: &str = "test.job";

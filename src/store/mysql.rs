@@ -11,7 +11,6 @@ use super::StoreError;
 use super::dialect::{SqlDialect, Statements, TakenBatch};
 use super::migrations::{Migration, Migrations};
 use super::sql::SqlStore;
-use crate::outbox_row::NewOutboxRow;
 
 /// A [`Store`](super::Store) on MySQL or MariaDB (InnoDB).
 ///
@@ -109,6 +108,8 @@ fn lock_wait_sql(lock_timeout: Option<std::time::Duration>) -> String {
 }
 
 impl SqlDialect for MySql {
+    super::dialect::shared_hooks!(MySql, MySqlConnection);
+
     const SQL: Statements = Statements {
         begin: "BEGIN",
         after_begin: Some(MARK),
@@ -249,35 +250,6 @@ impl SqlDialect for MySql {
     }
 
     const RESTORE_LOCK_TIMEOUT: Option<&'static str> = Some(RESTORE_LOCK_WAIT);
-
-    async fn execute_raw(conn: &mut MySqlConnection, sql: &'static str) -> Result<(), sqlx::Error> {
-        conn.execute(sqlx::raw_sql(sql)).await?;
-        Ok(())
-    }
-
-    async fn insert_outbox<'c>(
-        conn: &'c mut MySqlConnection,
-        row: &'c NewOutboxRow<'c>,
-    ) -> Result<(), StoreError> {
-        super::sql::insert_outbox::<MySql>(conn, row).await
-    }
-
-    async fn read_version<'c>(
-        conn: &'c mut MySqlConnection,
-        scope: &'c str,
-        entity: &'c str,
-    ) -> Result<i64, StoreError> {
-        super::sql::read_version::<MySql>(conn, scope, entity).await
-    }
-
-    async fn write_version<'c>(
-        conn: &'c mut MySqlConnection,
-        scope: &'c str,
-        entity: &'c str,
-        version: i64,
-    ) -> Result<(), StoreError> {
-        super::sql::write_version::<MySql>(conn, scope, entity, version).await
-    }
 
     /// The rows stay locked in the open transaction until their outcomes are
     /// recorded in it.

@@ -10,7 +10,6 @@ use super::dialect::{SqlDialect, Statements, TakenBatch};
 use super::migrations::{Migration, Migrations};
 use super::sql::SqlStore;
 use super::{OutboxListener, StoreError};
-use crate::outbox_row::NewOutboxRow;
 
 /// A [`Store`](super::Store) on PostgreSQL.
 ///
@@ -111,6 +110,8 @@ const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properti
      FOR UPDATE SKIP LOCKED";
 
 impl SqlDialect for Postgres {
+    super::dialect::shared_hooks!(Postgres, PgConnection);
+
     const SQL: Statements = Statements {
         begin: "BEGIN",
         after_begin: None,
@@ -266,35 +267,6 @@ impl SqlDialect for Postgres {
 
     fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {
         lock_timeout.map(|t| format!("SET LOCAL lock_timeout = {}", t.as_millis().max(1)))
-    }
-
-    async fn execute_raw(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::Executor::execute(conn, sqlx::raw_sql(sql)).await?;
-        Ok(())
-    }
-
-    async fn insert_outbox<'c>(
-        conn: &'c mut PgConnection,
-        row: &'c NewOutboxRow<'c>,
-    ) -> Result<(), StoreError> {
-        super::sql::insert_outbox::<Postgres>(conn, row).await
-    }
-
-    async fn read_version<'c>(
-        conn: &'c mut PgConnection,
-        scope: &'c str,
-        entity: &'c str,
-    ) -> Result<i64, StoreError> {
-        super::sql::read_version::<Postgres>(conn, scope, entity).await
-    }
-
-    async fn write_version<'c>(
-        conn: &'c mut PgConnection,
-        scope: &'c str,
-        entity: &'c str,
-        version: i64,
-    ) -> Result<(), StoreError> {
-        super::sql::write_version::<Postgres>(conn, scope, entity, version).await
     }
 
     /// The rows stay locked in the open transaction until their outcomes are

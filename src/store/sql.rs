@@ -9,7 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::{Dialect, InboxEntry, Store, StoreError, Wakeups};
+use super::{
+    Dialect, InboxEntry, Leases, Retention, SigningKey, SoloRuns, Store, StoreError, Wakeups,
+};
 
 /// A [`Store`] and [`OutboxStore`](super::OutboxStore) on a SQL database: [`PgStore`](super::PgStore)
 /// and [`SqliteStore`](super::SqliteStore) are this type for their dialect.
@@ -196,106 +198,6 @@ pub(super) use outbox::insert_outbox;
 
 shared_impl! {
     impl Store {
-        async fn leases<'a>(&'a self, consumer: &'a str) -> Result<Vec<super::Lease>, StoreError> {
-            let rows: Vec<(i64, String, i64)> = sqlx::query_as(D::SQL.leases)
-                .bind(consumer)
-                .fetch_all(&self.pool)
-                .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(partition, owner, expires_ms)| super::Lease {
-                    partition: u32::try_from(partition).unwrap_or(u32::MAX),
-                    owner,
-                    expires_ms,
-                })
-                .collect())
-        }
-
-        async fn lease_step<'a>(
-            &'a self,
-            consumer: &'a str,
-            member: &'a str,
-            step: super::LeaseStep,
-        ) -> Result<bool, StoreError> {
-            use super::LeaseStep;
-            let _turn = self.write_turn().await?;
-            let done = match step {
-                LeaseStep::Setup { count } => {
-                    for partition in 0..count {
-                        sqlx::query(D::SQL.lease_ensure)
-                            .bind(consumer)
-                            .bind(i64::from(partition))
-                            .execute(&self.pool)
-                            .await?;
-                    }
-                    return Ok(true);
-                }
-                LeaseStep::Beat { expires_ms } => {
-                    sqlx::query(D::SQL.member_beat)
-                        .bind(consumer)
-                        .bind(member)
-                        .bind(expires_ms)
-                        .execute(&self.pool)
-                        .await?
-                }
-                LeaseStep::Leave { cutoff_ms } => {
-                    sqlx::query(D::SQL.member_leave)
-                        .bind(consumer)
-                        .bind(member)
-                        .bind(cutoff_ms)
-                        .execute(&self.pool)
-                        .await?
-                }
-                LeaseStep::Acquire {
-                    partition,
-                    expires_ms,
-                    now_ms,
-                } => {
-                    sqlx::query(D::SQL.lease_acquire)
-                        .bind(member)
-                        .bind(expires_ms)
-                        .bind(consumer)
-                        .bind(i64::from(partition))
-                        .bind(now_ms)
-                        .execute(&self.pool)
-                        .await?
-                }
-                LeaseStep::Renew {
-                    partition,
-                    expires_ms,
-                } => {
-                    sqlx::query(D::SQL.lease_renew)
-                        .bind(expires_ms)
-                        .bind(consumer)
-                        .bind(i64::from(partition))
-                        .bind(member)
-                        .execute(&self.pool)
-                        .await?
-                }
-                LeaseStep::Release { partition } => {
-                    sqlx::query(D::SQL.lease_release)
-                        .bind(consumer)
-                        .bind(i64::from(partition))
-                        .bind(member)
-                        .execute(&self.pool)
-                        .await?
-                }
-            };
-            Ok(D::rows_affected(&done) > 0)
-        }
-
-        async fn lease_members<'a>(
-            &'a self,
-            consumer: &'a str,
-            now_ms: i64,
-        ) -> Result<Vec<String>, StoreError> {
-            Ok(sqlx::query_scalar(D::SQL.members)
-                .bind(consumer)
-                .bind(now_ms)
-                .fetch_all(&self.pool)
-                .await?)
-        }
-
         type Db = D;
 
         async fn migrate(&self) -> Result<(), StoreError> {
@@ -313,23 +215,6 @@ shared_impl! {
         async fn ping(&self) -> Result<(), StoreError> {
             sqlx::query(D::SQL.ping).execute(&self.pool).await?;
             Ok(())
-        }
-
-        /// Every process on the database races to insert its candidate; the
-        /// first insert wins, and all of them read the same key back.
-        async fn signing_key(&self) -> Result<Vec<u8>, StoreError> {
-            let _turn = self.write_turn().await?;
-            let mut conn = self.pool.acquire().await?;
-            sqlx::query(D::SQL.insert_setting)
-                .bind(super::SIGNING_KEY_SETTING)
-                .bind(super::new_signing_key())
-                .execute(&mut *conn)
-                .await?;
-            let key: String = sqlx::query_scalar(D::SQL.select_setting)
-                .bind(super::SIGNING_KEY_SETTING)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(key.into_bytes())
         }
 
         fn wakeups(&self) -> &Wakeups {
@@ -430,32 +315,32 @@ shared_impl! {
                 .await?;
             Ok(())
         }
+    }
+}
 
-        async fn purge_inbox<'a>(
-            &'a self,
-            consumer: &'a str,
-            cutoff: DateTime<Utc>,
-            batch: u32,
-        ) -> Result<u64, StoreError> {
+shared_impl! {
+    impl SigningKey {
+        /// Every process on the database races to insert its candidate; the
+        /// first insert wins, and all of them read the same key back.
+        async fn signing_key(&self) -> Result<Vec<u8>, StoreError> {
             let _turn = self.write_turn().await?;
-            let mut deleted = [0; 2];
-            // Solo-run counts older than the window belong to messages long
-            // settled.
-            for (n, sql) in [D::SQL.purge_inbox, D::SQL.purge_solo_runs]
-                .into_iter()
-                .enumerate()
-            {
-                let done = sqlx::query(sql)
-                    .bind(consumer)
-                    .bind(D::time(cutoff))
-                    .bind(i64::from(batch))
-                    .execute(&self.pool)
-                    .await?;
-                deleted[n] = D::rows_affected(&done);
-            }
-            Ok(deleted[0])
+            let mut conn = self.pool.acquire().await?;
+            sqlx::query(D::SQL.insert_setting)
+                .bind(super::SIGNING_KEY_SETTING)
+                .bind(super::new_signing_key())
+                .execute(&mut *conn)
+                .await?;
+            let key: String = sqlx::query_scalar(D::SQL.select_setting)
+                .bind(super::SIGNING_KEY_SETTING)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(key.into_bytes())
         }
+    }
+}
 
+shared_impl! {
+    impl SoloRuns {
         async fn record_solo_run<'a>(
             &'a self,
             consumer: &'a str,
@@ -506,6 +391,139 @@ shared_impl! {
                 }
             };
             Ok(())
+        }
+    }
+}
+
+shared_impl! {
+    impl Leases {
+        async fn leases<'a>(&'a self, consumer: &'a str) -> Result<Vec<super::Lease>, StoreError> {
+            let rows: Vec<(i64, String, i64)> = sqlx::query_as(D::SQL.leases)
+                .bind(consumer)
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(partition, owner, expires_ms)| super::Lease {
+                    partition: u32::try_from(partition).unwrap_or(u32::MAX),
+                    owner,
+                    expires_ms,
+                })
+                .collect())
+        }
+
+        async fn lease_step<'a>(
+            &'a self,
+            consumer: &'a str,
+            member: &'a str,
+            step: super::LeaseStep,
+        ) -> Result<bool, StoreError> {
+            use super::LeaseStep;
+            let _turn = self.write_turn().await?;
+            let done = match step {
+                LeaseStep::Setup { count } => {
+                    for partition in 0..count {
+                        sqlx::query(D::SQL.lease_ensure)
+                            .bind(consumer)
+                            .bind(i64::from(partition))
+                            .execute(&self.pool)
+                            .await?;
+                    }
+                    return Ok(true);
+                }
+                LeaseStep::Beat { expires_ms } => {
+                    sqlx::query(D::SQL.member_beat)
+                        .bind(consumer)
+                        .bind(member)
+                        .bind(expires_ms)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Leave { cutoff_ms } => {
+                    sqlx::query(D::SQL.member_leave)
+                        .bind(consumer)
+                        .bind(member)
+                        .bind(cutoff_ms)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Acquire {
+                    partition,
+                    expires_ms,
+                    now_ms,
+                } => {
+                    sqlx::query(D::SQL.lease_acquire)
+                        .bind(member)
+                        .bind(expires_ms)
+                        .bind(consumer)
+                        .bind(i64::from(partition))
+                        .bind(now_ms)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Renew {
+                    partition,
+                    expires_ms,
+                } => {
+                    sqlx::query(D::SQL.lease_renew)
+                        .bind(expires_ms)
+                        .bind(consumer)
+                        .bind(i64::from(partition))
+                        .bind(member)
+                        .execute(&self.pool)
+                        .await?
+                }
+                LeaseStep::Release { partition } => {
+                    sqlx::query(D::SQL.lease_release)
+                        .bind(consumer)
+                        .bind(i64::from(partition))
+                        .bind(member)
+                        .execute(&self.pool)
+                        .await?
+                }
+            };
+            Ok(D::rows_affected(&done) > 0)
+        }
+
+        async fn lease_members<'a>(
+            &'a self,
+            consumer: &'a str,
+            now_ms: i64,
+        ) -> Result<Vec<String>, StoreError> {
+            Ok(sqlx::query_scalar(D::SQL.members)
+                .bind(consumer)
+                .bind(now_ms)
+                .fetch_all(&self.pool)
+                .await?)
+        }
+    }
+}
+
+shared_impl! {
+    impl Retention {
+        async fn purge_inbox<'a>(
+            &'a self,
+            consumer: &'a str,
+            cutoff: DateTime<Utc>,
+            batch: u32,
+        ) -> Result<u64, StoreError> {
+            let _turn = self.write_turn().await?;
+            let mut deleted = [0; 2];
+            // Solo-run counts older than the window belong to messages long
+            // settled.
+            for (n, sql) in [D::SQL.purge_inbox, D::SQL.purge_solo_runs]
+                .into_iter()
+                .enumerate()
+            {
+                let done = sqlx::query(sql)
+                    .bind(consumer)
+                    .bind(D::time(cutoff))
+                    .bind(i64::from(batch))
+                    .execute(&self.pool)
+                    .await?;
+                deleted[n] = D::rows_affected(&done);
+            }
+            Ok(deleted[0])
         }
     }
 }

@@ -14,7 +14,6 @@ use super::StoreError;
 use super::dialect::{SqlDialect, Statements, TakenBatch};
 use super::migrations::{Migration, Migrations};
 use super::sql::SqlStore;
-use crate::outbox_row::NewOutboxRow;
 
 /// A [`Store`](super::Store) on an SQLite file.
 ///
@@ -115,6 +114,8 @@ const TAKE_BATCH: &str = "UPDATE warren_outbox SET lease_until = ?1
      RETURNING id, message_id, exchange, routing_key, properties, body, attempts";
 
 impl SqlDialect for Sqlite {
+    super::dialect::shared_hooks!(Sqlite, SqliteConnection);
+
     const SQL: Statements = Statements {
         begin: "BEGIN IMMEDIATE",
         after_begin: None,
@@ -266,38 +267,6 @@ impl SqlDialect for Sqlite {
 
     async fn check_before_commit(_conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
         Ok(())
-    }
-
-    async fn execute_raw(
-        conn: &mut SqliteConnection,
-        sql: &'static str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::Executor::execute(conn, sqlx::raw_sql(sql)).await?;
-        Ok(())
-    }
-
-    async fn insert_outbox<'c>(
-        conn: &'c mut SqliteConnection,
-        row: &'c NewOutboxRow<'c>,
-    ) -> Result<(), StoreError> {
-        super::sql::insert_outbox::<Sqlite>(conn, row).await
-    }
-
-    async fn read_version<'c>(
-        conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        entity: &'c str,
-    ) -> Result<i64, StoreError> {
-        super::sql::read_version::<Sqlite>(conn, scope, entity).await
-    }
-
-    async fn write_version<'c>(
-        conn: &'c mut SqliteConnection,
-        scope: &'c str,
-        entity: &'c str,
-        version: i64,
-    ) -> Result<(), StoreError> {
-        super::sql::write_version::<Sqlite>(conn, scope, entity, version).await
     }
 
     /// The lease is committed before publishing; the outcomes are recorded in a

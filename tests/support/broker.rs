@@ -15,7 +15,7 @@ use warren::lapin::options::{
 };
 use warren::lapin::types::FieldTable;
 use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
-use warren::{Consumer, ConsumerConfig, Error, Outgoing, Publisher, StatsHandle, Store};
+use warren::{Consumer, ConsumerConfig, Error, Outgoing, Publisher, StatsHandle};
 
 use super::db::{Backend, TestDb};
 use super::handlers::{EVENT, Job, routes, test_config};
@@ -232,14 +232,14 @@ pub struct Running {
 }
 
 impl Running {
-    pub fn start<S: Store>(consumer: Consumer<S>) -> Self {
+    pub fn start<S: warren::store::ConsumerStore>(consumer: Consumer<S>) -> Self {
         Self::spawn(consumer.stats(), |stopped| async move {
             consumer.run(&amqp_url(), stopped).await
         })
     }
 
     /// Starts `consumer` with an outbox relay beside it (`run_with_relay`).
-    pub fn start_with_relay<S: warren::store::OutboxStore>(
+    pub fn start_with_relay<S: warren::store::OutboxStore + warren::store::ConsumerStore>(
         consumer: Consumer<S>,
         relay: warren::RelayConfig,
     ) -> Self {

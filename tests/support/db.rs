@@ -13,7 +13,10 @@ use super::{pg_admin_url, unique};
 
 /// A database dialect under test.
 pub trait Backend: warren::store::Dialect {
-    type S: warren::store::OutboxStore + Store<Db = Self>;
+    type S: warren::store::OutboxStore
+        + warren::store::ConsumerStore
+        + warren::store::Retention
+        + Store<Db = Self>;
     const NAME: &'static str;
     /// A fresh, private database with warren migrated and the effects table.
     fn create() -> impl Future<Output = TestDb<Self>> + Send;

@@ -489,7 +489,10 @@ async fn run(cli: Cli) -> Result<(), String> {
     Ok(())
 }
 
-async fn run_inbox<S: OutboxStore>(store: &S, cmd: InboxCommand) -> Result<(), String> {
+async fn run_inbox<S: warren::store::Retention>(
+    store: &S,
+    cmd: InboxCommand,
+) -> Result<(), String> {
     let InboxCommand::Purge {
         consumer,
         older_than,
