@@ -4,11 +4,14 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::Error;
 use crate::broker::Backoff;
 use crate::consumer::Consumer;
 use crate::relay::Relay;
 use crate::relay_config::RelayConfig;
+use crate::shutdown::cancel_on;
 use crate::store::{ConsumerStore, OutboxStore};
 use crate::telemetry::Telemetry;
 
@@ -34,63 +37,62 @@ impl<S: ConsumerStore + OutboxStore> Consumer<S> {
         F: Future<Output = ()> + Send,
     {
         relay.validate()?;
-        // Migrations first: a relay started on a fresh database would only find
-        // no outbox table.
-        let mut shutdown = std::pin::pin!(shutdown);
-        if !self.start(amqp_url, &mut shutdown).await? {
-            return Ok(());
-        }
-        let mut relay = relay;
-        if relay.tls.is_default() {
-            relay.tls = self.inner.config.tls.clone();
-        }
-        let (stop, stopping) = tokio::sync::watch::channel(false);
-        let store = self.inner.store.clone();
-        let url = amqp_url.to_owned();
-        let counters = Relay::new(store.clone(), relay.clone()).stats_handle();
-        let supervisor = tokio::spawn(supervise(
-            self.inner.telemetry.clone(),
-            stopping.clone(),
-            move || {
-                let relay = Relay::new(store.clone(), relay.clone()).sharing(&counters);
-                let url = url.clone();
-                let mut stopping = stopping.clone();
-                async move {
-                    relay
-                        .run(&url, async move {
-                            let _ = stopping.wait_for(|stop| *stop).await;
-                        })
-                        .await
-                }
-            },
-        ));
-        let consumed = self.consume_until(amqp_url, &mut shutdown).await;
-        let _ = stop.send(true);
-        let relayed = match supervisor.await {
-            Ok(r) => r,
-            Err(e) => Err(Error::Task(format!("outbox relay supervisor: {e}"))),
-        };
-        consumed.and(relayed)
+        let stop = CancellationToken::new();
+        cancel_on(shutdown, &stop, async {
+            // Migrations first: a relay started on a fresh database would only
+            // find no outbox table.
+            if !self.start(amqp_url, &stop).await? {
+                return Ok(());
+            }
+            let mut relay = relay;
+            if relay.tls.is_default() {
+                relay.tls = self.inner.config.tls.clone();
+            }
+            // Not a child of the consumer's: the relay stops only once the
+            // consumer drained, to publish what its last transactions wrote.
+            let relay_stop = CancellationToken::new();
+            let store = self.inner.store.clone();
+            let url = amqp_url.to_owned();
+            let counters = Relay::new(store.clone(), relay.clone()).stats_handle();
+            let supervisor = tokio::spawn(supervise(
+                self.inner.telemetry.clone(),
+                relay_stop.clone(),
+                move |stop: CancellationToken| {
+                    let relay = Relay::new(store.clone(), relay.clone()).sharing(&counters);
+                    let url = url.clone();
+                    async move { relay.run(&url, stop.cancelled_owned()).await }
+                },
+            ));
+            let consumed = self.consume_until(amqp_url, &stop).await;
+            relay_stop.cancel();
+            let relayed = match supervisor.await {
+                Ok(r) => r,
+                Err(e) => Err(Error::Task(format!("outbox relay supervisor: {e}"))),
+            };
+            consumed.and(relayed)
+        })
+        .await
     }
 }
 
-/// Runs the task `start` makes until `stopping` turns true, starting it again
-/// (after a capped, growing pause) whenever it ends before that, with the health
-/// and metrics saying so meanwhile. Returns the last run's result.
+/// Runs the task `start` makes (given `stop`) until `stop` is cancelled,
+/// starting it again (after a capped, growing pause) whenever it ends before
+/// that, with the health and metrics saying so meanwhile. Returns the last
+/// run's result.
 async fn supervise<F, Fut>(
     telemetry: Telemetry,
-    mut stopping: tokio::sync::watch::Receiver<bool>,
+    stop: CancellationToken,
     start: F,
 ) -> Result<(), Error>
 where
-    F: Fn() -> Fut + Send + 'static,
+    F: Fn(CancellationToken) -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), Error>> + Send + 'static,
 {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     telemetry.set_relay_running(true);
     loop {
-        let ended = tokio::spawn(start()).await;
-        if *stopping.borrow() {
+        let ended = tokio::spawn(start(stop.clone())).await;
+        if stop.is_cancelled() {
             return ended.unwrap_or_else(|e| Err(Error::Task(format!("outbox relay: {e}"))));
         }
         let why = match &ended {
@@ -106,7 +108,7 @@ where
             "the outbox relay ended while the consumer runs; restarting it"
         );
         tokio::select! {
-            _ = stopping.wait_for(|stop| *stop) => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
             () = tokio::time::sleep(wait) => {}
         }
         telemetry.relay_restarted();
@@ -124,19 +126,17 @@ mod tests {
     async fn a_relay_that_ends_is_reported_and_restarted_until_shutdown() {
         let telemetry = Telemetry::new("c", "q");
         let stats = telemetry.stats().clone();
-        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let stop = CancellationToken::new();
         let runs = Arc::new(AtomicU32::new(0));
         let started = Arc::clone(&runs);
-        let running = stopping.clone();
-        let supervisor = tokio::spawn(supervise(telemetry, stopping, move || {
+        let supervisor = tokio::spawn(supervise(telemetry, stop.clone(), move |stop| {
             let run = started.fetch_add(1, Ordering::SeqCst);
-            let mut stopping = running.clone();
             async move {
                 match run {
                     0 => panic!("relay bug"),
                     1 => Err(Error::Task("relay gave up".into())),
                     _ => {
-                        let _ = stopping.wait_for(|s| *s).await;
+                        stop.cancelled().await;
                         Ok(())
                     }
                 }
@@ -161,7 +161,7 @@ mod tests {
             stats.health().relay,
             "green again while the third run is up"
         );
-        stop.send(true).unwrap();
+        stop.cancel();
         supervisor.await.unwrap().unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 3, "no restart after shutdown");
     }

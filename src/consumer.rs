@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::Error;
+use crate::shutdown::cancel_on;
 
 mod partitioned;
 use crate::broker::Delivery;
@@ -90,28 +92,32 @@ impl<S: ConsumerStore> Consumer<S> {
     ///
     /// Returns an error only for what retrying cannot fix: an invalid
     /// configuration, or a queue that exists with other arguments.
+    ///
+    /// `shutdown` can be any future: [`shutdown_signal`](crate::shutdown_signal)
+    /// for SIGTERM and SIGINT, or a `tokio_util` `CancellationToken`'s
+    /// `cancelled_owned()` to stop it with the rest of an application.
     pub async fn run<F>(self, amqp_url: &str, shutdown: F) -> Result<(), Error>
     where
         F: Future<Output = ()> + Send,
     {
-        let mut shutdown = std::pin::pin!(shutdown);
-        if !self.start(amqp_url, &mut shutdown).await? {
-            return Ok(());
-        }
-        self.consume_until(amqp_url, &mut shutdown).await
+        let stop = CancellationToken::new();
+        cancel_on(shutdown, &stop, async {
+            if !self.start(amqp_url, &stop).await? {
+                return Ok(());
+            }
+            self.consume_until(amqp_url, &stop).await
+        })
+        .await
     }
 
     /// Checks the configuration, then migrates the store and loads the signing
     /// key, waiting out a database that is not up yet. `false` if shutdown came
     /// first.
-    pub(crate) async fn start<F>(
+    pub(crate) async fn start(
         &self,
         amqp_url: &str,
-        shutdown: &mut std::pin::Pin<&mut F>,
-    ) -> Result<bool, Error>
-    where
-        F: Future<Output = ()> + Send,
-    {
+        stop: &CancellationToken,
+    ) -> Result<bool, Error> {
         self.inner.config.validate()?;
         failpoint::check_env().map_err(Error::Config)?;
         broker::parse_urls(amqp_url).map_err(|e| ConfigError::new("broker URL", e.to_string()))?;
@@ -130,7 +136,7 @@ impl<S: ConsumerStore> Consumer<S> {
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "database unreachable at start");
                     tokio::select! {
-                        () = shutdown.as_mut() => return Ok(false),
+                        () = stop.cancelled() => return Ok(false),
                         () = tokio::time::sleep(wait) => {}
                     }
                 }
@@ -141,38 +147,32 @@ impl<S: ConsumerStore> Consumer<S> {
 
     /// Consumes, reconnecting as needed, until `shutdown`; then drains. A
     /// partitioned consumer consumes the partitions it holds a lease on.
-    pub(crate) async fn consume_until<F>(
+    pub(crate) async fn consume_until(
         &self,
         amqp_url: &str,
-        shutdown: &mut std::pin::Pin<&mut F>,
-    ) -> Result<(), Error>
-    where
-        F: Future<Output = ()> + Send,
-    {
+        stop: &CancellationToken,
+    ) -> Result<(), Error> {
         let permits = Arc::new(Semaphore::new(self.inner.config.concurrency));
         if self.inner.config.partitions.is_some() {
-            return self.consume_partitions(amqp_url, shutdown, permits).await;
+            return self.consume_partitions(amqp_url, stop, permits).await;
         }
-        self.consume_queue(amqp_url, shutdown, permits).await
+        self.consume_queue(amqp_url, stop, permits).await
     }
 
     /// Consumes the one queue of this pipeline, reconnecting as needed, until
     /// `shutdown`; then drains. `permits` bound the messages processed at once.
-    pub(crate) async fn consume_queue<F>(
+    pub(crate) async fn consume_queue(
         &self,
         amqp_url: &str,
-        shutdown: &mut std::pin::Pin<&mut F>,
+        stop: &CancellationToken,
         permits: Arc<Semaphore>,
-    ) -> Result<(), Error>
-    where
-        F: Future<Output = ()> + Send,
-    {
+    ) -> Result<(), Error> {
         let config = &self.inner.config;
         let mut in_flight = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
         loop {
             let opened = tokio::select! {
-                () = shutdown.as_mut() => break,
+                () = stop.cancelled() => break,
                 opened = self.open_session(amqp_url) => opened,
             };
             let mut session = match opened {
@@ -185,7 +185,7 @@ impl<S: ConsumerStore> Consumer<S> {
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot consume; retrying");
                     tokio::select! {
-                        () = shutdown.as_mut() => break,
+                        () = stop.cancelled() => break,
                         () = tokio::time::sleep(wait) => continue,
                     }
                 }
@@ -193,7 +193,7 @@ impl<S: ConsumerStore> Consumer<S> {
             let session_start = Instant::now();
             self.inner.telemetry.set_consuming(true);
             let end = self
-                .consume(&mut session, &permits, &mut in_flight, shutdown)
+                .consume(&mut session, &permits, &mut in_flight, stop)
                 .await;
             // A session that lasted proves the broker was back; one that died at
             // once keeps the backoff growing, so a flapping broker is not hammered.
@@ -232,7 +232,7 @@ impl<S: ConsumerStore> Consumer<S> {
                     );
                     session.close().await;
                     tokio::select! {
-                        () = shutdown.as_mut() => break,
+                        () = stop.cancelled() => break,
                         () = tokio::time::sleep(wait) => {}
                     }
                 }
@@ -340,16 +340,13 @@ impl<S: ConsumerStore> Consumer<S> {
     /// are taken from the broker's buffer only when a worker is free, so at most
     /// `concurrency` batches are processed at once; the dispatcher decides what
     /// runs next, from what the broker has already sent.
-    async fn consume<F>(
+    async fn consume(
         &self,
         session: &mut Session,
         permits: &Arc<Semaphore>,
         in_flight: &mut JoinSet<()>,
-        shutdown: &mut std::pin::Pin<&mut F>,
-    ) -> SessionEnd
-    where
-        F: Future<Output = ()> + Send,
-    {
+        stop: &CancellationToken,
+    ) -> SessionEnd {
         let mut dispatcher =
             Dispatcher::new(self.inner.batch_size.clone(), self.inner.config.lanes());
         self.inner
@@ -364,20 +361,20 @@ impl<S: ConsumerStore> Consumer<S> {
         loop {
             if !self.inner.telemetry.stats().health().database {
                 // Pause intake: a delivery taken now could only be returned.
-                if let Some(end) = self.wait_for_database(session, shutdown).await {
+                if let Some(end) = self.wait_for_database(session, stop).await {
                     return end;
                 }
             }
             let mut permit = Some(tokio::select! {
                 biased;
-                () = shutdown.as_mut() => return SessionEnd::Shutdown,
+                () = stop.cancelled() => return SessionEnd::Shutdown,
                 () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
                 permit = Arc::clone(permits).acquire_owned() => permit.expect("semaphore is never closed"),
             });
             if dispatcher.buffered() == 0 {
                 let next = tokio::select! {
                     biased;
-                    () = shutdown.as_mut() => return SessionEnd::Shutdown,
+                    () = stop.cancelled() => return SessionEnd::Shutdown,
                     () = session.lost.notified() => return SessionEnd::Lost("a connection closed".into()),
                     next = session.subscription.next() => next,
                 };
@@ -434,14 +431,11 @@ impl<S: ConsumerStore> Consumer<S> {
 
     /// Probes the database with backoff until it answers. `Some` if the session
     /// ended meanwhile.
-    async fn wait_for_database<F>(
+    async fn wait_for_database(
         &self,
         session: &Session,
-        shutdown: &mut std::pin::Pin<&mut F>,
-    ) -> Option<SessionEnd>
-    where
-        F: Future<Output = ()> + Send,
-    {
+        stop: &CancellationToken,
+    ) -> Option<SessionEnd> {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
             if self.inner.store.ping().await.is_ok() {
@@ -449,7 +443,7 @@ impl<S: ConsumerStore> Consumer<S> {
                 return None;
             }
             tokio::select! {
-                () = shutdown.as_mut() => return Some(SessionEnd::Shutdown),
+                () = stop.cancelled() => return Some(SessionEnd::Shutdown),
                 () = session.lost.notified() => return Some(SessionEnd::Lost("a connection closed".into())),
                 () = tokio::time::sleep(backoff.next_delay()) => {}
             }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::broker::{self, Backoff, BatchItem, Publisher};
@@ -22,6 +23,7 @@ pub use crate::relay_config::{
     DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,
     DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, RelayConfig,
 };
+use crate::shutdown::cancel_on;
 use crate::store::{OutboxStore, StoreError};
 
 /// Upper bound of the reconnect backoff.
@@ -158,7 +160,13 @@ impl<S: OutboxStore> Relay<S> {
     {
         self.config.validate()?;
         failpoint::check_env()?;
-        let mut shutdown = std::pin::pin!(shutdown);
+        let stop = CancellationToken::new();
+        cancel_on(shutdown, &stop, self.publish_until(amqp_url, &stop)).await
+    }
+
+    /// The relay's loop: publishes until `stop` is cancelled, then makes the
+    /// last pass.
+    async fn publish_until(self, amqp_url: &str, stop: &CancellationToken) -> Result<(), Error> {
         let mut wakeups = self.store.wakeups().subscribe();
         let mut listener = self.store.listen().await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot listen for outbox notifications; polling only");
@@ -191,7 +199,7 @@ impl<S: OutboxStore> Relay<S> {
                     Err(e) => {
                         let wait = backoff.next_delay();
                         tracing::warn!(error = %e, retry_in = ?wait, "relay cannot reach the broker");
-                        if !pause(&mut shutdown, &mut stopping, wait).await {
+                        if !pause(stop, &mut stopping, wait).await {
                             break;
                         }
                         continue;
@@ -206,7 +214,7 @@ impl<S: OutboxStore> Relay<S> {
                     // The database, not the broker: keep the connection and wait.
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "relay cannot read the outbox");
-                    if !pause(&mut shutdown, &mut stopping, wait).await {
+                    if !pause(stop, &mut stopping, wait).await {
                         break;
                     }
                     continue;
@@ -217,7 +225,7 @@ impl<S: OutboxStore> Relay<S> {
                 if let Some((c, _)) = publisher.take() {
                     broker::close_connection_within(&c, "reconnecting", CLOSE_WAIT).await;
                 }
-                if !pause(&mut shutdown, &mut stopping, backoff.next_delay()).await {
+                if !pause(stop, &mut stopping, backoff.next_delay()).await {
                     break;
                 }
                 continue;
@@ -251,7 +259,7 @@ impl<S: OutboxStore> Relay<S> {
                 (poll_wait * 2).min(self.config.poll_interval)
             };
             tokio::select! {
-                () = shutdown.as_mut() => stopping = Some(Instant::now()),
+                () = stop.cancelled() => stopping = Some(Instant::now()),
                 _ = wakeups.changed() => {}
                 () = wait_for_notification(&mut listener) => {}
                 () = tokio::time::sleep(poll_wait) => {}
@@ -315,16 +323,12 @@ impl<S: OutboxStore> Relay<S> {
 
 /// Waits `wait`, or until shutdown is asked for (which starts the final pass).
 /// `false` if the relay is already stopping and should not wait at all.
-async fn pause<F: Future<Output = ()>>(
-    shutdown: &mut std::pin::Pin<&mut F>,
-    stopping: &mut Option<Instant>,
-    wait: Duration,
-) -> bool {
+async fn pause(stop: &CancellationToken, stopping: &mut Option<Instant>, wait: Duration) -> bool {
     if stopping.is_some() {
         return false;
     }
     tokio::select! {
-        () = shutdown.as_mut() => *stopping = Some(Instant::now()),
+        () = stop.cancelled() => *stopping = Some(Instant::now()),
         () = tokio::time::sleep(wait) => {}
     }
     true

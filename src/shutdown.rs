@@ -1,6 +1,25 @@
-//! Shutdown signals for binaries.
+//! Shutdown: the signals binaries stop on, and the token a consumer passes
+//! down to everything it starts.
 
 use std::future::Future;
+
+use tokio_util::sync::CancellationToken;
+
+/// Runs `work` to its end, cancelling `stop` if `shutdown` resolves first:
+/// the one place a caller's shutdown future becomes the token that every task
+/// below watches. `work` goes on after the cancel, to drain.
+pub(crate) async fn cancel_on<T>(
+    shutdown: impl Future<Output = ()>,
+    stop: &CancellationToken,
+    work: impl Future<Output = T>,
+) -> T {
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        out = &mut work => return out,
+        () = shutdown => stop.cancel(),
+    }
+    work.await
+}
 
 /// A future that resolves on the first SIGTERM or SIGINT (Ctrl-C). Pass it to
 /// [`Consumer::run`](crate::Consumer::run) so that an orchestrator's stop drains

@@ -3,12 +3,12 @@
 //! stopped as the leases move.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
 use crate::Error;
@@ -20,14 +20,16 @@ use crate::store::ConsumerStore;
 
 /// One partition being consumed.
 struct Running {
-    stop: watch::Sender<bool>,
+    /// A child of the consumer's token: cancelled with it, or alone when the
+    /// partition's lease moves.
+    stop: CancellationToken,
     task: JoinHandle<Result<(), Error>>,
 }
 
 impl Running {
     /// Asks it to drain and stop; the task ends when in-flight work settled.
     fn stop(self) -> JoinHandle<Result<(), Error>> {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         self.task
     }
 }
@@ -36,21 +38,18 @@ impl<S: ConsumerStore> Consumer<S> {
     /// Declares the partitioned topology, then takes, consumes and hands over
     /// partitions by lease until `shutdown`; then drains every partition and
     /// gives its leases back.
-    pub(crate) async fn consume_partitions<F>(
+    pub(crate) async fn consume_partitions(
         &self,
         amqp_url: &str,
-        shutdown: &mut std::pin::Pin<&mut F>,
+        stop: &CancellationToken,
         permits: Arc<Semaphore>,
-    ) -> Result<(), Error>
-    where
-        F: Future<Output = ()> + Send,
-    {
+    ) -> Result<(), Error> {
         let config = &self.inner.config;
         let partitions = config
             .partitions
             .clone()
             .expect("called for partitioned consumers only");
-        let Some(hash_verified) = self.declare_partitions(amqp_url, shutdown).await? else {
+        let Some(hash_verified) = self.declare_partitions(amqp_url, stop).await? else {
             return Ok(());
         };
         if !hash_verified {
@@ -148,6 +147,7 @@ impl<S: ConsumerStore> Consumer<S> {
                         running.insert(
                             partition,
                             self.spawn_partition(
+                                stop,
                                 partition,
                                 amqp_url,
                                 &permits,
@@ -179,7 +179,7 @@ impl<S: ConsumerStore> Consumer<S> {
                 idle = now_idle;
             }
             tokio::select! {
-                () = shutdown.as_mut() => break Ok(()),
+                () = stop.cancelled() => break Ok(()),
                 () = tokio::time::sleep(tick) => {}
             }
         };
@@ -203,14 +203,11 @@ impl<S: ConsumerStore> Consumer<S> {
     /// Declares the topology with its hash ring, waiting out a broker that is
     /// not up yet, and probes whether the broker hashes as warren predicts.
     /// `None` if shutdown came first.
-    async fn declare_partitions<F>(
+    async fn declare_partitions(
         &self,
         amqp_url: &str,
-        shutdown: &mut std::pin::Pin<&mut F>,
-    ) -> Result<Option<bool>, Error>
-    where
-        F: Future<Output = ()> + Send,
-    {
+        stop: &CancellationToken,
+    ) -> Result<Option<bool>, Error> {
         let config = &self.inner.config;
         let partitions_header = config
             .partitions
@@ -240,7 +237,7 @@ impl<S: ConsumerStore> Consumer<S> {
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot declare the partitions; retrying");
                     tokio::select! {
-                        () = shutdown.as_mut() => return Ok(None),
+                        () = stop.cancelled() => return Ok(None),
                         () = tokio::time::sleep(wait) => {}
                     }
                 }
@@ -248,9 +245,11 @@ impl<S: ConsumerStore> Consumer<S> {
         }
     }
 
-    /// Starts consuming partition `index` with the shared `permits`.
+    /// Starts consuming partition `index` with the shared `permits`, until
+    /// `stop` (the consumer's) or its own child of it is cancelled.
     fn spawn_partition(
         &self,
+        stop: &CancellationToken,
         index: u32,
         amqp_url: &str,
         permits: &Arc<Semaphore>,
@@ -278,16 +277,12 @@ impl<S: ConsumerStore> Consumer<S> {
             inner: Arc::new(pipeline),
             shared: Some(connections.clone()),
         };
-        let (stop, mut stopping) = watch::channel(false);
+        let stop = stop.child_token();
         let url = amqp_url.to_owned();
         let permits = Arc::clone(permits);
-        let task = tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            };
-            let mut stopped = std::pin::pin!(stopped);
-            partition.consume_queue(&url, &mut stopped, permits).await
-        });
+        let stopped = stop.clone();
+        let task =
+            tokio::spawn(async move { partition.consume_queue(&url, &stopped, permits).await });
         Running { stop, task }
     }
 }
