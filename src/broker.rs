@@ -277,36 +277,6 @@ pub(crate) fn parse_urls(url: &str) -> Result<Vec<String>, BrokerError> {
     Ok(urls)
 }
 
-/// Capped exponential backoff with jitter, for reconnecting.
-#[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    first: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(first: Duration, max: Duration) -> Self {
-        Self {
-            first,
-            max,
-            next: first,
-        }
-    }
-
-    /// The next wait: between half and all of the current step, so that many
-    /// clients do not reconnect in lockstep after a broker restart.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let step = self.next;
-        self.next = (self.next * 2).min(self.max);
-        step.mul_f64(0.5 + fastrand::f64() * 0.5)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.first;
-    }
-}
-
 fn field_table(arguments: &std::collections::BTreeMap<String, ArgValue>) -> FieldTable {
     let mut table = FieldTable::default();
     for (k, v) in arguments {

@@ -14,23 +14,27 @@ use crate::Error;
 use crate::shutdown::cancel_on;
 
 mod partitioned;
+mod relay_supervisor;
+pub(crate) mod session;
+use crate::backoff::Backoff;
+use crate::barrier::SoloBarrier;
 use crate::broker::Delivery;
-use crate::broker::{self, Backoff, Port, Publisher, Subscription};
+use crate::broker::{self, Port, Publisher, Subscription};
 use crate::config::ConsumerConfig;
 use crate::config_error::ConfigError;
 use crate::dispatcher::lanes::Lanes;
-use crate::dispatcher::{Batch, Dispatcher, SoloBarrier, Work};
+use crate::dispatcher::{Batch, Dispatcher, Work};
 use crate::failpoint;
 use crate::headers::Signer;
 use crate::pipeline::Pipeline;
 use crate::registry::Registry;
-use crate::session::{
-    ConnectionPair, STABLE_SESSION, Session, SessionEnd, SharedConnections, drain, is_fatal,
-    log_task_end, monitor,
-};
+use crate::shutdown::{drain, log_task_end};
 use crate::store::ConsumerStore;
 use crate::telemetry::StatsHandle;
 use crate::topology::Topology;
+use session::{
+    ConnectionPair, STABLE_SESSION, Session, SessionEnd, SharedConnections, is_fatal, monitor,
+};
 
 /// A consumer: configuration, a store, and a routing table, ready to
 /// [`run`](Self::run).

@@ -20,10 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::broker::Delivery;
 use crate::config::LaneKey;
 
-pub(crate) mod barrier;
 pub(crate) mod gate;
 pub(crate) mod lanes;
-pub(crate) use barrier::SoloBarrier;
 pub(crate) use gate::BatchGate;
 
 /// Deliveries that run together.

@@ -55,7 +55,8 @@
 )]
 
 pub mod amqp;
-mod beside;
+mod backoff;
+mod barrier;
 pub mod broker;
 pub mod config;
 mod config_error;
@@ -64,7 +65,6 @@ mod database_url;
 mod dead_letter;
 mod dispatcher;
 mod disposition;
-mod dlq;
 pub mod envelope;
 mod error;
 pub mod failpoint;
@@ -83,7 +83,6 @@ pub mod relay;
 mod relay_config;
 mod retention;
 pub mod retry;
-mod session;
 mod shutdown;
 pub mod store;
 pub mod telemetry;
@@ -98,8 +97,9 @@ pub mod version;
 /// The `warren` binary is built from these.
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
-    pub use crate::dead_letter::DeadLetterInfo;
-    pub use crate::dlq::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
+    pub use crate::dead_letter::{
+        DeadLetter, DeadLetterInfo, DeadLetterQueue, ReplayReport, Replayed, Selection,
+    };
     pub use crate::printable::{printable, printable_bytes};
     pub use crate::retention::{
         DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox,
@@ -111,7 +111,7 @@ pub use config::ConsumerConfig;
 pub use config_error::ConfigError;
 pub use consumer::Consumer;
 pub use dead_letter::DeadLetterInfo;
-pub use dlq::DeadLetterQueue;
+pub use dead_letter::DeadLetterQueue;
 pub use envelope::Envelope;
 pub use error::Error;
 pub use failure::{BoxError, DeadLetterReason, HandlerError};

@@ -15,8 +15,9 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::broker::{self, Backoff, BatchItem, Publisher};
-use crate::dispatcher::barrier::SoloBarrier;
+use crate::backoff::Backoff;
+use crate::barrier::SoloBarrier;
+use crate::broker::{self, BatchItem, Publisher};
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
 pub use crate::relay_config::{

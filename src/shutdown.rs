@@ -2,7 +2,9 @@
 //! down to everything it starts.
 
 use std::future::Future;
+use std::time::Duration;
 
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `work` to its end, cancelling `stop` if `shutdown` resolves first:
@@ -51,5 +53,35 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
             let _ = tokio::signal::ctrl_c().await;
             tracing::info!("Ctrl-C received; draining");
         }
+    }
+}
+
+/// Waits for in-flight messages up to `deadline`, then abandons the rest to
+/// redelivery: aborting drops each task's transaction uncommitted, and its
+/// delivery was never acked.
+pub(crate) async fn drain(in_flight: &mut JoinSet<()>, deadline: Duration) {
+    let drained = tokio::time::timeout(deadline, async {
+        while let Some(done) = in_flight.join_next().await {
+            log_task_end(done);
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            unfinished = in_flight.len(),
+            ?deadline,
+            "shutdown deadline passed; abandoning unfinished messages to redelivery"
+        );
+        in_flight.shutdown().await;
+    }
+}
+
+pub(crate) fn log_task_end(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done
+        && !e.is_cancelled()
+    {
+        // The engine catches handler panics; reaching this means warren itself
+        // panicked. The delivery was not acked, so it is redelivered.
+        tracing::error!(error = %e, "message task failed");
     }
 }

@@ -113,11 +113,12 @@ use lapin::types::AMQPValue;
 
 use crate::Error;
 use crate::amqp::{header_int, header_str};
+use crate::barrier::SoloBarrier;
 use crate::broker::Delivery;
 use crate::broker::memory::{MemoryBroker, Published};
 use crate::config::ConsumerConfig;
 use crate::dead_letter::DeadLetterInfo;
-use crate::dispatcher::{Batch, SoloBarrier};
+use crate::dispatcher::Batch;
 use crate::failure::DeadLetterReason;
 use crate::headers::{self, HEADER_ATTEMPT, HEADER_LAST_ERROR, Signer};
 use crate::outbox_row::RowOutcome;

@@ -11,11 +11,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
+use super::session::{SharedConnections, is_fatal};
 use crate::Error;
-use crate::broker::{self, Backoff};
+use crate::backoff::Backoff;
+use crate::broker;
 use crate::partition::lease::Leaser;
 use crate::pipeline::Pipeline;
-use crate::session::{SharedConnections, is_fatal};
 use crate::store::ConsumerStore;
 
 /// One partition being consumed.

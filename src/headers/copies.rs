@@ -7,11 +7,10 @@ use chrono::Utc;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 
-use super::{
-    HEADER_ATTEMPT, HEADER_DROPPED, HEADER_ENTITY, HEADER_FIRST_FAILURE, HEADER_GAP_SINCE,
-    HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY,
-    HEADER_PRUNED_DIGEST, HEADER_VERSION, MAX_ERROR_LEN, copy_base,
-};
+use std::collections::BTreeMap;
+
+use super::MAX_ERROR_LEN;
+use super::names::*;
 use crate::amqp::{PERSISTENT, header_str, text, time, truncate};
 use crate::version::GatedVersion;
 
@@ -150,4 +149,63 @@ fn record_version(headers: &mut FieldTable, gated: Option<&GatedVersion>) {
         );
         headers.insert(HEADER_VERSION.into(), AMQPValue::LongLongInt(gated.version));
     }
+}
+
+/// `properties` without the broker's headers.
+fn without_broker_headers(properties: &BasicProperties) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties.clone();
+    };
+    let kept: BTreeMap<_, _> = headers
+        .inner()
+        .iter()
+        .filter(|(k, _)| !BROKER_HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    properties.clone().with_headers(FieldTable::from(kept))
+}
+
+/// `p` without its `user_id` and, unless `keep_expiration`, without a
+/// per-message TTL (`expiration`).
+pub(crate) fn rebuild(p: &BasicProperties, keep_expiration: bool) -> BasicProperties {
+    let mut out = BasicProperties::default();
+    macro_rules! copy {
+        ($($get:ident => $set:ident),*) => {
+            $(if let Some(v) = p.$get().clone() { out = out.$set(v); })*
+        };
+    }
+    copy!(
+        content_type => with_content_type,
+        content_encoding => with_content_encoding,
+        headers => with_headers,
+        delivery_mode => with_delivery_mode,
+        priority => with_priority,
+        correlation_id => with_correlation_id,
+        reply_to => with_reply_to,
+        message_id => with_message_id,
+        timestamp => with_timestamp,
+        kind => with_type,
+        app_id => with_app_id,
+        cluster_id => with_cluster_id
+    );
+    if keep_expiration && let Some(v) = p.expiration().clone() {
+        out = out.with_expiration(v);
+    }
+    out
+}
+
+/// The base of every copy warren publishes from a delivery: the delivery's
+/// trusted properties without the broker's headers and without the `user_id`
+/// (kept in [`HEADER_ORIGINAL_USER_ID`] unless an earlier copy already recorded
+/// it); a per-message TTL only if `keep_expiration`.
+pub(crate) fn copy_base(trusted: &BasicProperties, keep_expiration: bool) -> BasicProperties {
+    let base = rebuild(&without_broker_headers(trusted), keep_expiration);
+    let Some(user) = trusted.user_id() else {
+        return base;
+    };
+    let mut headers = base.headers().clone().unwrap_or_default();
+    if !headers.contains_key(HEADER_ORIGINAL_USER_ID) {
+        headers.insert(HEADER_ORIGINAL_USER_ID.into(), text(user.as_str()));
+    }
+    base.with_headers(headers)
 }

@@ -445,7 +445,7 @@ async fn shutdown_drain_acks_what_finishes_and_abandons_the_rest() {
         std::future::pending::<()>().await;
     });
     // Real time: SQLite's pool would time out under paused time.
-    crate::session::drain(&mut in_flight, Duration::from_millis(500)).await;
+    crate::shutdown::drain(&mut in_flight, Duration::from_millis(500)).await;
     assert!(in_flight.is_empty(), "the hung task was abandoned");
     assert_eq!(
         f.broker.acked(),

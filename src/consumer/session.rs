@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::task::JoinSet;
-
 use crate::Error;
 use crate::broker::{self, Port, Subscription};
 use crate::telemetry::Telemetry;
@@ -108,26 +106,6 @@ pub(crate) fn is_fatal(e: &Error) -> bool {
     }
 }
 
-/// Waits for in-flight messages up to `deadline`, then abandons the rest to
-/// redelivery: aborting drops each task's transaction uncommitted, and its
-/// delivery was never acked.
-pub(crate) async fn drain(in_flight: &mut JoinSet<()>, deadline: Duration) {
-    let drained = tokio::time::timeout(deadline, async {
-        while let Some(done) = in_flight.join_next().await {
-            log_task_end(done);
-        }
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            unfinished = in_flight.len(),
-            ?deadline,
-            "shutdown deadline passed; abandoning unfinished messages to redelivery"
-        );
-        in_flight.shutdown().await;
-    }
-}
-
 /// Watches a session: notices dead connections (the consuming stream may not end
 /// by itself when only the publishing connection dies), reports the blocked state
 /// and the queues' depth.
@@ -155,15 +133,5 @@ pub(crate) async fn monitor(
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-pub(crate) fn log_task_end(done: Result<(), tokio::task::JoinError>) {
-    if let Err(e) = done
-        && !e.is_cancelled()
-    {
-        // The engine catches handler panics; reaching this means warren itself
-        // panicked. The delivery was not acked, so it is redelivered.
-        tracing::error!(error = %e, "message task failed");
     }
 }

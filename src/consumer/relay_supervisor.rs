@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::broker::Backoff;
+use crate::backoff::Backoff;
 use crate::consumer::Consumer;
 use crate::relay::Relay;
 use crate::relay_config::RelayConfig;
