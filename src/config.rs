@@ -126,31 +126,12 @@ pub struct ConsumerConfig {
     pub(crate) tls: TlsOptions,
     /// Partition queues behind a consistent-hash exchange, if partitioned.
     pub(crate) partitions: Option<Partitioning>,
-    /// Set on the configuration of one partition queue: which one it is.
-    pub(crate) seat: Option<Seat>,
-    /// The broker's hash exchange routes as warren predicts, so every delivery
-    /// is checked against its partition.
-    pub(crate) hash_verified: bool,
+    /// The queue has one active consumer at a time (a partition queue).
+    pub(crate) single_active_consumer: bool,
     /// What puts deliveries in the same ordered lane, if anything.
     pub(crate) lanes: Option<LaneKey>,
     /// How long a strict-sequence gap may wait for the versions before it.
     pub(crate) gap_patience: Option<Duration>,
-}
-
-/// One partition queue's place among the others: its number, and the queue
-/// every partition queue is named after, so that a delivery that belongs in
-/// another partition can be sent there.
-#[derive(Debug, Clone)]
-pub(crate) struct Seat {
-    pub(crate) index: u32,
-    pub(crate) base_queue: String,
-}
-
-impl Seat {
-    /// The queue of partition `index` among this one's.
-    pub(crate) fn queue_of(&self, index: u32) -> String {
-        partition_queue_name(&self.base_queue, index)
-    }
 }
 
 /// What decides that two deliveries belong to the same entity and must run one
@@ -232,8 +213,7 @@ impl ConsumerConfig {
                 solo_timeout: DEFAULT_SOLO_TIMEOUT,
                 tls: TlsOptions::default(),
                 partitions: None,
-                seat: None,
-                hash_verified: false,
+                single_active_consumer: false,
                 lanes: None,
                 gap_patience: None,
             },
@@ -402,10 +382,7 @@ impl ConsumerConfig {
         config.exchange = None;
         config.binding_keys = Vec::new();
         config.stand_ins = Vec::new();
-        config.seat = Some(Seat {
-            index,
-            base_queue: self.queue.clone(),
-        });
+        config.single_active_consumer = true;
         config
     }
 

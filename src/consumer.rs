@@ -219,7 +219,7 @@ impl<S: ConsumerStore> Consumer<S> {
                     // or buffered here, out of order; closed after the drain,
                     // it starts with what comes back.
                     tracing::info!(in_flight = in_flight.len(), "draining");
-                    if config.seat.is_none() {
+                    if self.inner.seat.is_none() {
                         session.subscription.cancel().await;
                     }
                     drain(&mut in_flight, config.shutdown_timeout).await;
@@ -283,7 +283,7 @@ impl<S: ConsumerStore> Consumer<S> {
         };
         let owns_connections = self.shared.is_none();
         let opened = async {
-            if config.seat.is_some() {
+            if self.inner.seat.is_some() {
                 // A partition queue is never declared here: one that is gone
                 // took its hash binding with it, and declaring it again
                 // would leave it unbound while the ring renumbered.

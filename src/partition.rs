@@ -56,6 +56,25 @@ pub struct Partitioning {
     pub lease_ttl: Duration,
 }
 
+/// One partition queue's place among the others, known once its consumer
+/// runs: its number, the queue every partition queue is named after (so that
+/// a delivery that belongs in another partition can be sent there), and
+/// whether the broker's hash ring was found to route as warren predicts (only
+/// then is each delivery checked against its partition).
+#[derive(Debug, Clone)]
+pub(crate) struct Seat {
+    pub(crate) index: u32,
+    pub(crate) base_queue: String,
+    pub(crate) hash_verified: bool,
+}
+
+impl Seat {
+    /// The queue of partition `index` among this one's.
+    pub(crate) fn queue_of(&self, index: u32) -> String {
+        partition_queue_name(&self.base_queue, index)
+    }
+}
+
 /// The name of partition `index` of `queue`: `queue.index`.
 pub fn partition_queue_name(queue: &str, index: u32) -> String {
     format!("{queue}.{index}")

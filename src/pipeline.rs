@@ -58,6 +58,8 @@ pub(crate) struct Pipeline<S: Store + SoloRuns> {
     /// How many transactions of several messages run at once: fewer after
     /// lock conflicts between them.
     pub(crate) gate: std::sync::Arc<BatchGate>,
+    /// On a partition queue: which partition it is.
+    pub(crate) seat: Option<partition::Seat>,
     /// Deliveries sent on to the partition their key belongs to: the first,
     /// the tenth, the hundredth... are logged as warnings.
     pub(crate) forwarded: std::sync::atomic::AtomicU64,
@@ -119,6 +121,7 @@ impl<S: Store + SoloRuns> Pipeline<S> {
             registry,
             signer: OnceLock::new(),
             barrier,
+            seat: None,
             forwarded: Default::default(),
         }
     }
@@ -220,12 +223,12 @@ impl<S: Store + SoloRuns> Pipeline<S> {
     /// directly. (A missing or ill-typed key is the message's fault, found in
     /// `prepare`.)
     fn home_elsewhere(&self, admitted: &Admitted) -> Option<(u32, String)> {
-        let (Some(seat), Some(p)) = (&self.config.seat, &self.config.partitions) else {
+        let (Some(seat), Some(p)) = (&self.seat, &self.config.partitions) else {
             return None;
         };
         // A delivery the guard pruned is dead-lettered here: its key may be
         // among what was removed.
-        if !self.config.hash_verified || admitted.delivery.pruned.is_some() {
+        if !seat.hash_verified || admitted.delivery.pruned.is_some() {
             return None;
         }
         let key = admitted.key.as_ref().ok()?;

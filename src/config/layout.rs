@@ -16,7 +16,7 @@ impl ConsumerConfig {
             delivery_limit: backstop_delivery_limit(self.prefetch, self.retry.poison_limit()),
             outgoing: self.outgoing.clone(),
             stand_ins: self.stand_ins.clone(),
-            single_active_consumer: self.seat.is_some(),
+            single_active_consumer: self.single_active_consumer,
         }
     }
 }

@@ -15,6 +15,7 @@ use super::session::{SharedConnections, is_fatal};
 use crate::Error;
 use crate::backoff::Backoff;
 use crate::broker;
+use crate::partition::Seat;
 use crate::partition::lease::Leaser;
 use crate::pipeline::Pipeline;
 use crate::store::ConsumerStore;
@@ -261,10 +262,8 @@ impl<S: ConsumerStore> Consumer<S> {
         if let Some(s) = self.inner.signer.get() {
             let _ = signer.set(s.clone());
         }
-        let mut config = self.inner.config.for_partition(index);
-        config.hash_verified = hash_verified;
         let mut pipeline = Pipeline::new(
-            config,
+            self.inner.config.for_partition(index),
             self.inner.store.clone(),
             self.inner.registry.clone(),
             self.inner.barrier.clone(),
@@ -274,6 +273,11 @@ impl<S: ConsumerStore> Consumer<S> {
         pipeline.batch_size = self.inner.batch_size.clone();
         pipeline.gate = Arc::clone(&self.inner.gate);
         pipeline.signer = signer;
+        pipeline.seat = Some(Seat {
+            index,
+            base_queue: self.inner.config.queue.clone(),
+            hash_verified,
+        });
         let partition = Consumer {
             inner: Arc::new(pipeline),
             shared: Some(connections.clone()),

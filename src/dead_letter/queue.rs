@@ -25,6 +25,7 @@ use crate::headers::{
     HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, HEADER_SIGNATURE,
 };
 use crate::topology::dead_letter_queue_name;
+use crate::version::GatedVersion;
 
 /// One message in a dead-letter queue.
 #[derive(Debug, Clone)]
@@ -378,18 +379,21 @@ mod tests {
 }
 
 /// The entity and version the version gate recorded on a dead letter, if any.
-fn entity_version(d: &Delivery) -> Option<(String, i64)> {
+fn entity_version(d: &Delivery) -> Option<GatedVersion> {
     let headers = d.properties.headers().as_ref()?;
     let entity = crate::amqp::header_str(headers, crate::headers::HEADER_ENTITY)?;
     let version = crate::amqp::header_int(headers, crate::headers::HEADER_VERSION)?;
-    Some((entity.into_owned(), version))
+    Some(GatedVersion {
+        entity: entity.into_owned(),
+        version,
+    })
 }
 
 /// Reorders `items` so that those with an entity and version come in version
 /// order per entity, in the places such items held; the others keep theirs.
 /// A strict-sequence consumer would otherwise park every version replayed
 /// before its predecessor.
-fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<(String, i64)>) {
+fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<GatedVersion>) {
     let slots: Vec<usize> = (0..items.len())
         .filter(|&i| key(&items[i]).is_some())
         .collect();
@@ -422,7 +426,12 @@ mod order_tests {
             ("a1", Some(("a", 1))),
             ("a2", Some(("a", 2))),
         ];
-        in_version_order(&mut items, |(_, k)| k.map(|(e, v)| (e.to_owned(), v)));
+        in_version_order(&mut items, |(_, k)| {
+            k.map(|(entity, version)| crate::version::GatedVersion {
+                entity: entity.to_owned(),
+                version,
+            })
+        });
         let names: Vec<&str> = items.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["x", "a1", "a2", "y", "a3", "b1"]);
     }
