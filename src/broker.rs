@@ -9,7 +9,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-pub use guard::{Pruned, take_pruned};
+pub(crate) use guard::Pruned;
 
 mod acks;
 pub(crate) mod browse;

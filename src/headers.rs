@@ -4,7 +4,7 @@
 //! A producer can set any header, including every `x-warren-*` one warren uses
 //! for its bookkeeping, and on RabbitMQ 3.10 the broker's own headers too. So
 //! warren signs the `x-warren-*` headers it writes with an HMAC whose key lives in
-//! the database ([`Store::signing_key`](crate::Store::signing_key)), and believes
+//! the database ([`SigningKey::signing_key`](crate::store::SigningKey::signing_key)), and believes
 //! such a header only under a valid signature. Anything else named `x-warren-*` is
 //! moved, untouched, into one table header, [`HEADER_UNVERIFIED`], where operators
 //! still see it, labelled as not warren's.

@@ -19,9 +19,9 @@ const NAMESPACE: Uuid = Uuid::from_u128(0x5f3c_9a4e_2b7d_4c1a_8e6f_0d9b_3a2c_71e
 /// `Idempotency-Key`.
 ///
 /// ```
-/// let key = warren::idempotency_key("billing", "019ad6b4-8a1e-7c3e-9f0a-5b2c1d3e4f50", "capture-payment");
-/// assert_eq!(key, warren::idempotency_key("billing", "019ad6b4-8a1e-7c3e-9f0a-5b2c1d3e4f50", "capture-payment"));
-/// assert_ne!(key, warren::idempotency_key("billing", "019ad6b4-8a1e-7c3e-9f0a-5b2c1d3e4f50", "send-receipt"));
+/// let key = warren::handler::idempotency_key("billing", "019ad6b4-8a1e-7c3e-9f0a-5b2c1d3e4f50", "capture-payment");
+/// assert_eq!(key, warren::handler::idempotency_key("billing", "019ad6b4-8a1e-7c3e-9f0a-5b2c1d3e4f50", "capture-payment"));
+/// assert_ne!(key, warren::handler::idempotency_key("billing", "019ad6b4-8a1e-7c3e-9f0a-5b2c1d3e4f50", "send-receipt"));
 /// ```
 pub fn idempotency_key(consumer: &str, message_id: &str, step: &str) -> String {
     // Length-prefixed parts: ("a", "bc") and ("ab", "c") must not meet.

@@ -13,35 +13,54 @@
 //!
 //! # Where things are
 //!
-//! The crate root holds what a service needs to run a consumer: [`Consumer`],
-//! [`ConsumerConfig`], [`Registry`], handlers ([`Message`], [`State`], [`Tx`],
-//! [`HandlerError`]), the stores ([`PgStore`], [`SqliteStore`]), the outbox
-//! ([`Outgoing`], [`Relay`], [`RelayConfig`]), [`RetryPolicy`], [`Topology`],
-//! [`TlsOptions`] and [`Error`]. Everything else is in a public module:
+//! The crate root holds what a service needs to run a consumer, and nothing
+//! else: [`Consumer`] with its [`ConsumerConfig`] and [`Registry`]; handlers'
+//! [`Message`], [`State`], [`Tx`] and [`HandlerError`]; the stores
+//! [`PgStore`], [`SqliteStore`] and [`MySqlStore`]; the outbox's [`Outgoing`],
+//! [`Relay`] and [`RelayConfig`]; [`Error`] and [`shutdown_signal`]; and the
+//! `sqlx` and `lapin` it is built on. Everything else is in one public module,
+//! by one path:
 //!
-//! - [`config`]: defaults and the [`ConsumerConfigBuilder`](config::ConsumerConfigBuilder).
-//! - [`handler`]: the [`Handler`] trait every `async fn` fits, and its markers.
-//! - [`envelope`]: what arrives, validated ([`Envelope`], [`envelope::Metadata`]).
-//! - [`outbox`]: writing outgoing messages outside a handler, and the outbox rows.
-//! - [`relay`]: the relay's defaults and counters.
-//! - [`store`]: the [`Store`] and [`store::OutboxStore`] traits, dialects, database errors.
-//! - [`retry`]: delay tiers and the poison limit as data.
+//! - [`config`]: defaults, the [`ConsumerConfigBuilder`](config::ConsumerConfigBuilder),
+//!   [`ConfigError`](config::ConfigError), batch isolation and lanes.
+//! - [`handler`]: the [`Handler`](handler::Handler) trait every `async fn`
+//!   fits, [`BoxError`](handler::BoxError), [`idempotency_key`](handler::idempotency_key).
+//! - [`envelope`]: what arrives, validated ([`Envelope`](envelope::Envelope),
+//!   [`Metadata`](envelope::Metadata)).
+//! - [`outbox`]: writing outgoing messages outside a handler, the outbox rows,
+//!   and the relay's defaults and counters.
+//! - [`store`]: the [`Store`](store::Store) trait and the capabilities a store
+//!   adds, dialects, database errors.
+//! - [`retry`]: delay tiers and the poison limit as data ([`RetryPolicy`](retry::RetryPolicy)).
 //! - [`topology`]: exchanges, queues and bindings as data, and queue names.
-//! - [`broker`]: connecting, declaring, publishing with confirms ([`Publisher`]).
+//! - [`partition`]: per-entity order through partition queues.
+//! - [`version`]: version gates checked in the business transaction.
+//! - [`broker`]: connecting, declaring, publishing with confirms
+//!   ([`Publisher`](broker::Publisher)), and the frame guard.
 //! - [`headers`]: the `x-warren-*` headers on the copies warren publishes.
 //! - [`amqp`]: AMQP values: the short-string limit, header readers.
 //! - [`telemetry`]: counters, health, and the log filter that keeps payloads out.
 //! - [`tls`]: `amqps://` with a private CA or a client certificate.
-//! - [`admin`]: operator tooling: dead-letter queues, inbox retention, URLs.
+//! - [`admin`]: operator tooling: dead-letter queues and their reasons, inbox
+//!   retention, URLs.
 //! - [`failpoint`]: crash points for crash tests (feature `failpoints`).
 //! - `testing`: a test kit that runs handlers without a broker (feature `testing`).
+//!
+//! **lapin's types are part of the API**, by choice: an AMQP message's
+//! properties and header values are [`lapin::BasicProperties`] and
+//! [`lapin::types`] wherever warren reads or builds them ([`Outgoing`], the
+//! `headers`, `amqp` and `broker` modules), and [`broker::connect`] returns a
+//! [`lapin::Connection`]. Wrapping them would copy lapin's model of AMQP for
+//! nothing. warren re-exports the lapin it is built on, so an application
+//! uses the same one; a new major version of lapin is a new major version of
+//! warren.
 //!
 //! Inside, the rule itself is `pipeline` (validate and route, apply in units
 //! of work, settle, finish, per delivery; `pipeline::engine` is the one place
 //! a transaction runs); `disposition` decides what an outcome means;
 //! `dispatcher` decides which buffered deliveries run next, and how many to a
-//! batch; `session` is one connected period with the broker; `consumer`
-//! reconnects around it.
+//! batch; `consumer` runs sessions with the broker (`consumer::session`) and
+//! reconnects around them.
 //!
 //! The guide below is the README; its examples compile as doc-tests.
 #![doc = ""]
@@ -72,6 +91,7 @@ mod failure;
 pub mod handler;
 pub mod headers;
 mod idempotency;
+mod message;
 pub mod outbox;
 mod outbox_row;
 mod outgoing;
@@ -79,7 +99,7 @@ pub mod partition;
 mod pipeline;
 mod printable;
 mod registry;
-pub mod relay;
+mod relay;
 mod relay_config;
 mod retention;
 pub mod retry;
@@ -100,39 +120,30 @@ pub mod admin {
     pub use crate::dead_letter::{
         DeadLetter, DeadLetterInfo, DeadLetterQueue, ReplayReport, Replayed, Selection,
     };
+    pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};
     pub use crate::retention::{
         DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox,
     };
 }
 
-pub use broker::Publisher;
-pub use config::ConsumerConfig;
-pub use config_error::ConfigError;
+pub use config::settings::ConsumerConfig;
 pub use consumer::Consumer;
-pub use dead_letter::DeadLetterInfo;
-pub use dead_letter::DeadLetterQueue;
-pub use envelope::Envelope;
 pub use error::Error;
-pub use failure::{BoxError, DeadLetterReason, HandlerError};
-pub use handler::{Handler, Message, State};
-pub use idempotency::idempotency_key;
+pub use failure::HandlerError;
+pub use message::{Message, State};
 pub use outgoing::Outgoing;
 pub use registry::Registry;
 pub use relay::Relay;
 pub use relay_config::RelayConfig;
-pub use retry::RetryPolicy;
 pub use shutdown::shutdown_signal;
 #[cfg(feature = "mysql")]
-pub use store::MySqlStore;
+pub use store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
-pub use store::PgStore;
+pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
-pub use store::SqliteStore;
-pub use store::{Store, StoreError, Tx};
-pub use telemetry::StatsHandle;
-pub use tls::TlsOptions;
-pub use topology::{QueueType, Topology};
+pub use store::sqlite::SqliteStore;
+pub use store::tx::Tx;
 
 /// The AMQP client warren is built on, re-exported so that applications use the
 /// same version.

@@ -140,7 +140,7 @@ impl Outgoing {
     /// non-empty, at most [`MAX_SHORT_STRING_LEN`] bytes (the AMQP limit of the
     /// properties they are copied into; the message id at most
     /// [`MAX_MESSAGE_ID_LEN`], what inboxes accept) and free of control
-    /// characters. [`Publisher::publish`](crate::Publisher::publish) and the
+    /// characters. [`Publisher::publish`](crate::broker::Publisher::publish) and the
     /// outbox refuse a message that fails this.
     pub fn validate(&self) -> Result<(), InvalidOutgoing> {
         self.check().map_err(InvalidOutgoing)

@@ -20,10 +20,7 @@ use crate::barrier::SoloBarrier;
 use crate::broker::{self, BatchItem, Publisher};
 use crate::failpoint;
 use crate::outbox::{OutboxRow, RowOutcome};
-pub use crate::relay_config::{
-    DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,
-    DEFAULT_POLL_INTERVAL, DEFAULT_RETENTION, RelayConfig,
-};
+use crate::relay_config::RelayConfig;
 use crate::shutdown::cancel_on;
 use crate::store::{OutboxStore, StoreError};
 

@@ -43,7 +43,7 @@ pub enum RetryDecision {
 ///
 /// ```
 /// use std::time::Duration;
-/// use warren::RetryPolicy;
+/// use warren::retry::RetryPolicy;
 /// use warren::retry::RetryDecision;
 ///
 /// let policy = RetryPolicy::new([Duration::from_secs(5), Duration::from_secs(30)]).with_max_attempts(3);

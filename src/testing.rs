@@ -97,7 +97,7 @@
 //! let settled = kit.deliver_json("shop.invoice-paid.v1", 1, &negative).await;
 //! assert!(matches!(
 //!     settled,
-//!     Settled::DeadLettered { reason: warren::DeadLetterReason::Permanent, .. }
+//!     Settled::DeadLettered { reason: warren::admin::DeadLetterReason::Permanent, .. }
 //! ));
 //! # Ok(())
 //! # }
@@ -111,12 +111,12 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 
+use crate::ConsumerConfig;
 use crate::Error;
 use crate::amqp::{header_int, header_str};
 use crate::barrier::SoloBarrier;
 use crate::broker::Delivery;
 use crate::broker::memory::{MemoryBroker, Published};
-use crate::config::ConsumerConfig;
 use crate::dead_letter::DeadLetterInfo;
 use crate::dispatcher::Batch;
 use crate::failure::DeadLetterReason;

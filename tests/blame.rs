@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::process::Child;
 
-use warren::{DeadLetterInfo, Outgoing, QueueType};
+use warren::Outgoing;
+use warren::admin::DeadLetterInfo;
+use warren::topology::QueueType;
 
 use crate::crash::{ChildOptions, ChildProcess, spawn_with};
 use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, TestDb, unique};
@@ -343,7 +345,7 @@ async fn poison_amid_other_deaths_and_a_neighbour_consumer_is_still_the_only_dea
             .with_concurrency(8)
             .build()
             .unwrap();
-    for q in warren::Topology::for_consumer(&neighbour_config).queue_names() {
+    for q in warren::topology::Topology::for_consumer(&neighbour_config).queue_names() {
         broker.track_queue(q);
     }
     broker.declare_config(&neighbour_config).await;

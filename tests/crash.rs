@@ -14,7 +14,8 @@ use sqlx::{Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use warren::store::OutboxStore;
-use warren::{Consumer, QueueType, Relay, RelayConfig};
+use warren::topology::QueueType;
+use warren::{Consumer, Relay, RelayConfig};
 
 use crate::util::{
     Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, routes, test_config,
@@ -415,7 +416,7 @@ async fn crash_loop_ends_as_poison<B: Backend>(queue_type: QueueType) {
 
     let dead = broker.drain(&broker.dead_letter_queue()).await;
     assert_eq!(dead.len(), 1);
-    let info = warren::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+    let info = warren::admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
     assert_eq!(info.reason, "poison");
     assert!(info.error.contains("without an outcome"), "{}", info.error);
     assert_eq!(db.effects().await, 0);

@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use warren::admin::DeadLetterInfo;
 use warren::headers::{HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_UNVERIFIED};
 use warren::lapin::BasicProperties;
 use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::store::OutboxStore;
-use warren::{Consumer, DeadLetterInfo, Outgoing, Relay, RelayConfig};
+use warren::{Consumer, Outgoing, Relay, RelayConfig};
 
 use crate::util::{
     Backend, EVENT, Job, Mode, OUT_EVENT, Running, TestBroker, amqp_url, reported_attempts, routes,
@@ -622,7 +623,7 @@ async fn a_message_published_with_another_users_id_is_retried_and_dead_lettered<
             .await
             .unwrap(),
     );
-    let publisher = warren::Publisher::new(producer.clone());
+    let publisher = warren::broker::Publisher::new(producer.clone());
     let running = Running::start(Consumer::new(
         broker.config(),
         db.store.clone(),

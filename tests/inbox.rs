@@ -132,7 +132,7 @@ async fn two_consumer_names_each_apply_once<B: Backend>() {
     let broker = TestBroker::new().await;
     let first = broker
         .builder()
-        .with_queue_type(warren::QueueType::Classic)
+        .with_queue_type(warren::topology::QueueType::Classic)
         .build()
         .unwrap();
     let other_queue = unique("wt_other");
@@ -141,10 +141,10 @@ async fn two_consumer_names_each_apply_once<B: Backend>() {
         &other_queue,
         &broker.exchange,
     )
-    .with_queue_type(warren::QueueType::Classic)
+    .with_queue_type(warren::topology::QueueType::Classic)
     .build()
     .unwrap();
-    for q in warren::Topology::for_consumer(&second).queue_names() {
+    for q in warren::topology::Topology::for_consumer(&second).queue_names() {
         broker.track_queue(q);
     }
     broker.declare_config(&first).await;

@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use sqlx::MySql;
+use warren::retry::RetryPolicy;
 use warren::testing::{Settled, TestConsumer};
-use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, RetryPolicy, Tx};
+use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
 
 use crate::util::{Backend, TestDb, unique};
 

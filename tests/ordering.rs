@@ -8,11 +8,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use warren::broker::BatchItem;
 use warren::lapin::options::ExchangeDeleteOptions;
+use warren::retry::RetryPolicy;
 use warren::store::Leases;
 use warren::version::{Verdict, VersionMode};
-use warren::{
-    Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, RetryPolicy, Tx,
-};
+use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
 
 use crate::util::{APPLIED_TABLE, Backend, Running, TEST_TIERS, TestBroker, TestDb, wait_for};
 
@@ -203,7 +202,7 @@ async fn settled(instances: &[Running], n: u64) -> bool {
 }
 
 async fn cleanup<B: Backend>(db: TestDb<B>, broker: TestBroker, config: &ConsumerConfig) {
-    for q in warren::Topology::for_consumer(config).queue_names() {
+    for q in warren::topology::Topology::for_consumer(config).queue_names() {
         broker.track_queue(q);
     }
     let channel = broker.connection.create_channel().await.unwrap();
@@ -549,7 +548,7 @@ async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
 /// Waits up to `within` until the consumer's counters satisfy `done`; fails the
 /// test with the last snapshot if they never do.
 async fn stats_reach(
-    stats: &warren::StatsHandle,
+    stats: &warren::telemetry::StatsHandle,
     within: Duration,
     done: impl Fn(&warren::telemetry::ConsumerStats) -> bool,
 ) {

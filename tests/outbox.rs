@@ -5,10 +5,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use warren::broker::Publisher;
 use warren::lapin::options::QueueDeclareOptions;
 use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::store::OutboxStore;
-use warren::{Consumer, Outgoing, Publisher, Relay, RelayConfig};
+use warren::{Consumer, Outgoing, Relay, RelayConfig};
 
 use crate::util::{
     Backend, Job, Mode, OUT_EVENT, Proxy, TestBroker, amqp_url, queue_policy, routes, wait_for,
@@ -242,7 +243,7 @@ async fn each_store_wakes_its_own_relays<B: Backend>() {
             .await
             .unwrap();
         tx.commit().await.unwrap();
-        warren::Store::wakeups(&db.store).wake();
+        warren::store::Store::wakeups(&db.store).wake();
         assert!(
             wait_for(Duration::from_secs(10), || async {
                 broker.ready(&capture).await == round + 1
@@ -499,7 +500,7 @@ async fn broker_down_rows_wait_and_are_published_after<B: Backend>() {
             .unwrap();
     }
     tx.commit().await.unwrap();
-    warren::Store::wakeups(&db.store).wake();
+    warren::store::Store::wakeups(&db.store).wake();
     // The relay keeps trying for a while; nothing can go out.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let status = db.store.outbox_status().await.unwrap();

@@ -16,8 +16,9 @@ use sqlx::Postgres;
 use warren::broker::{BatchItem, BrokerError};
 use warren::lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
 use warren::lapin::types::AMQPValue;
+use warren::topology::QueueType;
 use warren::version::{Verdict, VersionMode};
-use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, QueueType, Registry, Tx};
+use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
 
 use crate::util::{
     APPLIED_TABLE, Backend, Running, TestBroker, TestDb, amqp_url, queue_policy, wait_for,
@@ -269,7 +270,7 @@ async fn applied<B: Backend>(db: &TestDb<B>) -> BTreeMap<String, Vec<i64>> {
 async fn cleanup<B: Backend>(db: TestDb<B>, broker: TestBroker, configs: &[&ConsumerConfig]) {
     let channel = broker.connection.create_channel().await.unwrap();
     for config in configs {
-        for q in warren::Topology::for_consumer(config).queue_names() {
+        for q in warren::topology::Topology::for_consumer(config).queue_names() {
             broker.track_queue(q);
         }
         if let Some(p) = config.partitions() {
@@ -1021,7 +1022,7 @@ async fn after_the_count_went_down_no_instance_takes_a_partition_beyond_it() {
         .await
         .unwrap();
     let _ = channel.close(200, "ok".into()).await;
-    for q in warren::Topology::for_consumer(&four).queue_names() {
+    for q in warren::topology::Topology::for_consumer(&four).queue_names() {
         broker.delete_queue(q).await;
     }
 

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use warren::{Consumer, DeadLetterInfo, RetryPolicy};
+use warren::Consumer;
+use warren::admin::DeadLetterInfo;
+use warren::retry::RetryPolicy;
 
 use crate::util::{
     Backend, Job, Mode, Running, TEST_TIERS, TestBroker, attempt_times, consume_until,
@@ -207,7 +209,7 @@ async fn topology_drift_names_the_queue_and_argument<B: Backend>() {
         .build()
         .unwrap();
     // Same tier name (100ms) with a different TTL: declare it by hand.
-    let mut drifted = warren::Topology::for_consumer(&other);
+    let mut drifted = warren::topology::Topology::for_consumer(&other);
     drifted.queues.retain(|q| q.name.ends_with(".retry.100ms"));
     drifted.bindings.clear();
     drifted.queues[0]

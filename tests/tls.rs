@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
-use warren::{Consumer, PgStore, RelayConfig, Store, TlsOptions};
+use warren::store::Store;
+use warren::tls::TlsOptions;
+use warren::{Consumer, PgStore, RelayConfig};
 
 use crate::util::*;
 

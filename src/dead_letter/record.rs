@@ -130,7 +130,7 @@ fn broker_dead_lettered(headers: &FieldTable) -> Option<DeadLetterInfo> {
         _ => None,
     };
     Some(DeadLetterInfo {
-        reason: crate::DeadLetterReason::Poison.as_str().to_owned(),
+        reason: crate::failure::DeadLetterReason::Poison.as_str().to_owned(),
         error: "the broker's delivery limit was reached".to_owned(),
         attempts: header_int(headers, HEADER_ATTEMPT)
             .and_then(|v| u32::try_from(v).ok())

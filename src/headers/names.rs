@@ -8,7 +8,7 @@ pub const HEADER_LAST_ERROR: &str = "x-warren-last-error";
 /// Header: when the message was last replayed from the dead-letter queue.
 pub const HEADER_REPLAYED_AT: &str = "x-warren-replayed-at";
 
-/// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::DeadLetterReason) name).
+/// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::admin::DeadLetterReason) name).
 pub const HEADER_REASON: &str = "x-warren-reason";
 /// Header: the error text.
 pub const HEADER_ERROR: &str = "x-warren-error";

@@ -12,9 +12,12 @@ use serde::{Deserialize, Serialize};
 use sqlx::Sqlite;
 
 use super::*;
+use crate::SqliteStore;
+use crate::admin::DeadLetterInfo;
 use crate::broker::memory::MemoryBroker;
-use crate::store::{SigningKey, SqliteStore, Tx};
-use crate::{DeadLetterInfo, HandlerError, Message, Outgoing, RetryPolicy};
+use crate::retry::RetryPolicy;
+use crate::store::{SigningKey, Tx};
+use crate::{HandlerError, Message, Outgoing};
 
 const EVENT: &str = "test.job";
 const MS: Duration = Duration::from_millis(1);

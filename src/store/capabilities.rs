@@ -135,7 +135,7 @@ pub struct Lease {
     pub expires_ms: i64,
 }
 
-/// One statement of the lease protocol. `true` from [`Store::lease_step`] means
+/// One statement of the lease protocol. `true` from [`Leases::lease_step`] means
 /// the step took effect (a lease taken, renewed or given back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseStep {

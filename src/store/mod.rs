@@ -25,29 +25,24 @@ mod error;
 mod inbox;
 mod migrations;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 mod outbox;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 mod sql;
 #[cfg(feature = "sqlite")]
-mod sqlite;
-mod tx;
+pub(crate) mod sqlite;
+pub(crate) mod tx;
 
 pub use capabilities::{ConsumerStore, Lease, LeaseStep, Leases, Retention, SigningKey, SoloRuns};
 pub use error::{StoreError, is_connection_error, is_lock_conflict, is_permanent_data_error};
 pub use inbox::{InboxEntry, Store};
-#[cfg(feature = "mysql")]
-pub use mysql::MySqlStore;
 pub use outbox::{OutboxCounts, OutboxListener, OutboxStore};
-#[cfg(feature = "postgres")]
-pub use postgres::PgStore;
 pub use sql::SqlStore;
-#[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
-pub use tx::Tx;
 
 pub(crate) use error::is_after_abort;
+// The root names it (`warren::Tx`); inside, it is the store's.
+pub(crate) use tx::Tx;
 
 pub(crate) use tx::insert_outbox;
 

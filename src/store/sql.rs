@@ -13,8 +13,9 @@ use super::{
     Dialect, InboxEntry, Leases, Retention, SigningKey, SoloRuns, Store, StoreError, Wakeups,
 };
 
-/// A [`Store`] and [`OutboxStore`](super::OutboxStore) on a SQL database: [`PgStore`](super::PgStore)
-/// and [`SqliteStore`](super::SqliteStore) are this type for their dialect.
+/// A [`Store`] with every capability, and an
+/// [`OutboxStore`](super::OutboxStore), on a SQL database: `PgStore`,
+/// `SqliteStore` and `MySqlStore` are this type for their dialect.
 pub struct SqlStore<D: Database> {
     pub(super) pool: Pool<D>,
     pub(super) wakeups: Wakeups,

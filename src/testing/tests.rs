@@ -5,8 +5,10 @@ use serde::{Deserialize, Serialize};
 use sqlx::Sqlite;
 
 use super::*;
-use crate::store::{SqliteStore, Tx};
-use crate::{HandlerError, Message, RetryPolicy};
+use crate::SqliteStore;
+use crate::retry::RetryPolicy;
+use crate::store::Tx;
+use crate::{HandlerError, Message};
 
 const EVENT: &str = "test.job.v1";
 const MS: Duration = Duration::from_millis(1);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use warren::broker::Publisher;
 use warren::config::ConsumerConfigBuilder;
 use warren::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
@@ -15,7 +16,8 @@ use warren::lapin::options::{
 };
 use warren::lapin::types::FieldTable;
 use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
-use warren::{Consumer, ConsumerConfig, Error, Outgoing, Publisher, StatsHandle};
+use warren::telemetry::StatsHandle;
+use warren::{Consumer, ConsumerConfig, Error, Outgoing};
 
 use super::db::{Backend, TestDb};
 use super::handlers::{EVENT, Job, routes, test_config};
@@ -63,7 +65,7 @@ impl TestBroker {
     /// land, and returns its name.
     pub async fn capture(&self) -> String {
         let config = self.downstream_config();
-        for q in warren::Topology::for_consumer(&config).queue_names() {
+        for q in warren::topology::Topology::for_consumer(&config).queue_names() {
             self.track_queue(q);
         }
         self.declare_config(&config).await;
@@ -99,7 +101,7 @@ impl TestBroker {
 
     pub async fn declare_config(&self, config: &ConsumerConfig) {
         let channel = self.connection.create_channel().await.unwrap();
-        warren::broker::declare(&channel, &warren::Topology::for_consumer(config))
+        warren::broker::declare(&channel, &warren::topology::Topology::for_consumer(config))
             .await
             .unwrap();
         let _ = channel.close(200, "ok".into()).await;
@@ -205,7 +207,7 @@ impl TestBroker {
     }
 
     pub async fn cleanup(self) {
-        let mut queues: Vec<String> = warren::Topology::for_consumer(&self.config())
+        let mut queues: Vec<String> = warren::topology::Topology::for_consumer(&self.config())
             .queue_names()
             .map(String::from)
             .collect();

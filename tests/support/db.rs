@@ -5,7 +5,8 @@
 use std::future::Future;
 
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
-use warren::{PgStore, SqliteStore, Store, Tx};
+use warren::store::Store;
+use warren::{PgStore, SqliteStore, Tx};
 
 #[cfg(feature = "mysql")]
 use super::mysql_admin_url;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use warren::config::ConsumerConfigBuilder;
-use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, RetryPolicy, Tx};
+use warren::retry::RetryPolicy;
+use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
 
 use super::db::Backend;
 

@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use warren::admin::DeadLetterQueue;
 use warren::admin::{DatabaseUrl, DeadLetter, Selection, printable};
 use warren::lapin;
 use warren::retry::DEFAULT_POISON_LIMIT;
+use warren::retry::RetryPolicy;
 use warren::store::OutboxStore;
-use warren::{
-    ConsumerConfig, DeadLetterQueue, PgStore, QueueType, RetryPolicy, SqliteStore, Topology,
-};
+use warren::topology::QueueType;
+use warren::topology::Topology;
+use warren::{ConsumerConfig, PgStore, SqliteStore};
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -40,8 +42,8 @@ struct Cli {
 
 impl Cli {
     /// The TLS flags, checked; an error names the flag.
-    fn tls(&self) -> Result<warren::TlsOptions, String> {
-        let tls = warren::TlsOptions {
+    fn tls(&self) -> Result<warren::tls::TlsOptions, String> {
+        let tls = warren::tls::TlsOptions {
             ca_file: self.amqp_ca_file.clone(),
             client_cert: self.amqp_client_cert.clone(),
             client_key: self.amqp_client_key.clone(),
@@ -418,7 +420,7 @@ fn print_one(l: &DeadLetter, show_payload: bool) {
 macro_rules! with_store {
     ($url:expr, |$store:ident| $body:expr) => {{
         let url: &DatabaseUrl = $url;
-        let fail = |e: warren::StoreError| format!("{}: {e}", url.redacted());
+        let fail = |e: warren::store::StoreError| format!("{}: {e}", url.redacted());
         match url {
             DatabaseUrl::Postgres(u) => {
                 let $store = PgStore::connect(u, 2).await.map_err(fail)?;
@@ -536,7 +538,7 @@ async fn run_outbox<S: OutboxStore>(store: &S, cmd: OutboxCommand) -> Result<(),
 async fn run_outbox_on<S: OutboxStore>(
     store: &S,
     cmd: OutboxCommand,
-) -> Result<(), warren::StoreError> {
+) -> Result<(), warren::store::StoreError> {
     match cmd {
         OutboxCommand::Status { limit } => {
             let status = store.outbox_counts().await?;
@@ -612,11 +614,13 @@ async fn run_dlq(cmd: DlqCommand, connection: &Arc<lapin::Connection>) -> Result
             dry_run,
         } => {
             if let Some(r) = &reason
-                && warren::DeadLetterReason::from_name(r).is_none()
+                && warren::admin::DeadLetterReason::from_name(r).is_none()
             {
                 return Err(format!(
                     "unknown reason {r:?}; known: {}",
-                    warren::DeadLetterReason::ALL.map(|r| r.as_str()).join(", ")
+                    warren::admin::DeadLetterReason::ALL
+                        .map(|r| r.as_str())
+                        .join(", ")
                 ));
             }
             let selection = Selection {

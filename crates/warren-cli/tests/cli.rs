@@ -355,7 +355,7 @@ async fn outbox_status_and_retry_failed<B: Backend>() {
     assert!(out.contains("pending:   1"), "{out}");
 
     let relay = warren::Relay::new(db.store.clone(), warren::RelayConfig::new("cli-test"));
-    let publisher = warren::Publisher::new(std::sync::Arc::clone(&broker.connection));
+    let publisher = warren::broker::Publisher::new(std::sync::Arc::clone(&broker.connection));
     relay.run_once(&publisher).await.unwrap();
 
     let failed = warren(&["outbox", "--database-url", &db.url, "status"]).await;

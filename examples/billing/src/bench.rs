@@ -27,8 +27,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{Postgres, Sqlite};
-use warren::Publisher;
 use warren::admin::DatabaseUrl;
+use warren::broker::Publisher;
 use warren::config::BatchIsolation;
 use warren::store::Store;
 
@@ -112,7 +112,7 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         publisher: Publisher::new(std::sync::Arc::clone(&connection)),
         connection,
         tag,
-        settings: cfg.settings(warren::RetryPolicy::default()),
+        settings: cfg.settings(warren::retry::RetryPolicy::default()),
     };
     let pool = crate::db::pool_size(cfg.concurrency);
     println!(

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren::DeadLetterQueue;
+use warren::admin::DeadLetterQueue;
 use warren::store::OutboxStore;
 use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
 
@@ -67,7 +67,7 @@ async fn publish_through_faults(
             }
             let ok = match &connection {
                 Some(c) => {
-                    let publisher = warren::Publisher::new(Arc::clone(c));
+                    let publisher = warren::broker::Publisher::new(Arc::clone(c));
                     let items: Vec<_> = chunk
                         .iter()
                         .map(|m| warren::broker::BatchItem {
@@ -118,7 +118,7 @@ pub async fn run<B: BillingDb>(
     }
     let started = Instant::now();
     B::create_tables(&store).await.map_err(|e| e.to_string())?;
-    warren::Store::migrate(&store)
+    warren::store::Store::migrate(&store)
         .await
         .map_err(|e| e.to_string())?;
     service::declare(amqp_url, names, settings).await?;
@@ -491,7 +491,7 @@ pub async fn command(
             .clone()
             .unwrap_or_else(|| format!("billing-chaos-{tag}")),
     );
-    let mut tiers = warren::RetryPolicy::new(
+    let mut tiers = warren::retry::RetryPolicy::new(
         TIERS
             .split(',')
             .map(|t| warren::retry::parse_delay(t).expect("valid tiers")),

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use warren::admin::DatabaseUrl;
-use warren::{RetryPolicy, TlsOptions};
+use warren::retry::RetryPolicy;
+use warren::tls::TlsOptions;
 
 use crate::service;
 
@@ -115,7 +116,7 @@ impl Reason for String {
     }
 }
 
-impl Reason for warren::ConfigError {
+impl Reason for warren::config::ConfigError {
     fn reason_text(&self) -> String {
         self.reason().to_owned()
     }
@@ -300,7 +301,7 @@ impl Config {
             concurrency: self.concurrency,
             batch_size: self.batch_size,
             retry,
-            queue_type: warren::QueueType::Quorum,
+            queue_type: warren::topology::QueueType::Quorum,
             consumer_timeout: self.consumer_timeout,
             tls: self.tls.clone(),
             partitions: self.partitions,

@@ -286,7 +286,7 @@ pub async fn publish(
     exchange: &str,
     plan: &CreditPlan,
 ) -> Result<(), String> {
-    let publisher = warren::Publisher::new(Arc::clone(connection));
+    let publisher = warren::broker::Publisher::new(Arc::clone(connection));
     for chunk in plan.messages.chunks(200) {
         let bodies: Vec<Vec<u8>> = chunk.iter().map(Outgoing::body).collect();
         let items: Vec<_> = chunk
@@ -329,9 +329,10 @@ impl CreditPlan {
 #[cfg(test)]
 mod tests {
 
+    use warren::SqliteStore;
+    use warren::admin::DeadLetterReason;
     use warren::sqlx::Sqlite;
     use warren::testing::{Settled, TestConsumer, sqlite_in_memory};
-    use warren::{DeadLetterReason, SqliteStore};
 
     use super::*;
     use crate::service::{Names, Settings, credit_config};

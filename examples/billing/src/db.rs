@@ -10,7 +10,9 @@ use futures_util::TryStreamExt;
 use sqlx::{Pool, Postgres, Sqlite};
 use warren::admin::DatabaseUrl;
 use warren::store::OutboxStore;
-use warren::{PgStore, SqliteStore, Store, StoreError, Tx};
+use warren::store::Store;
+use warren::store::StoreError;
+use warren::{PgStore, SqliteStore, Tx};
 
 use crate::amount::Amount;
 use crate::credit::{CreditLimit, CreditState};

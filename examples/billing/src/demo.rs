@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use warren::RelayConfig;
+use warren::retry::RetryPolicy;
 use warren::store::OutboxStore;
-use warren::{QueueType, RelayConfig, RetryPolicy};
+use warren::topology::QueueType;
 
 use crate::config::Config;
 use crate::credit::{self, CreditSpec};

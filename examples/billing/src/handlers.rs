@@ -152,7 +152,11 @@ fn payment(
         payment_method: payment_method.map(str::to_owned),
         // The key a payment provider would get for this step; the same on every
         // redelivery, so a retried provider call is recognized as the same call.
-        payment_reference: warren::idempotency_key(CONSUMER, &meta.message_id, "record-payment"),
+        payment_reference: warren::handler::idempotency_key(
+            CONSUMER,
+            &meta.message_id,
+            "record-payment",
+        ),
     })
 }
 

@@ -7,7 +7,7 @@ use axum::extract;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use warren::StatsHandle;
+use warren::telemetry::StatsHandle;
 
 #[derive(Clone)]
 pub struct State {

@@ -24,8 +24,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use warren::RetryPolicy;
 use warren::admin::DatabaseUrl;
+use warren::retry::RetryPolicy;
 
 use crate::config::{Config, LogFormat};
 use crate::stream::StreamSpec;

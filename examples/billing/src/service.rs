@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use warren::{
-    ConfigError, ConsumerConfig, QueueType, RelayConfig, RetryPolicy, StatsHandle, TlsOptions,
-    Topology,
-};
+use warren::config::ConfigError;
+use warren::retry::RetryPolicy;
+use warren::telemetry::StatsHandle;
+use warren::tls::TlsOptions;
+use warren::topology::QueueType;
+use warren::topology::Topology;
+use warren::{ConsumerConfig, RelayConfig};
 
 use crate::credit::{self, CREDIT_CONSUMER};
 use crate::db::BillingDb;

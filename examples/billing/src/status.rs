@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use warren::DeadLetterQueue;
+use warren::admin::DeadLetterQueue;
 use warren::outbox::OutboxStatus;
 use warren::store::OutboxStore;
 
@@ -100,8 +100,8 @@ pub fn print(report: &Report) {
 
 /// A query on a table that does not exist: PostgreSQL 42P01, MySQL 42S02 (error
 /// 1146), SQLite "no such table".
-fn is_missing_table(e: &warren::StoreError) -> bool {
-    let warren::StoreError::Database(sqlx::Error::Database(db)) = e else {
+fn is_missing_table(e: &warren::store::StoreError) -> bool {
+    let warren::store::StoreError::Database(sqlx::Error::Database(db)) = e else {
         return false;
     };
     matches!(db.code().as_deref(), Some("42P01" | "42S02"))

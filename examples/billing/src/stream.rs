@@ -8,8 +8,10 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
+use warren::Outgoing;
+use warren::admin::DeadLetterReason;
+use warren::broker::Publisher;
 use warren::lapin::BasicProperties;
-use warren::{DeadLetterReason, Outgoing, Publisher};
 
 use crate::handlers::{CURRENCIES, InvoicePaidV1, InvoicePaidV2, PAID_V1, PAID_V2, minor_units};
 

@@ -618,7 +618,7 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
         (bad_method, "paymentMethod has '\\n'"),
     ];
     let connection = std::sync::Arc::new(warren_connect().await);
-    let publisher = warren::Publisher::new(std::sync::Arc::clone(&connection));
+    let publisher = warren::broker::Publisher::new(std::sync::Arc::clone(&connection));
     let exchange = format!("{prefix}.events");
     let mut want_error = std::collections::HashMap::new();
     for p in &applied {
@@ -690,7 +690,7 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
 
     // `billing status` browses the dead-letter queue; messages it held come
     // back ready once its channel closes, so wait for all of them.
-    let dlq = warren::DeadLetterQueue::new(
+    let dlq = warren::admin::DeadLetterQueue::new(
         std::sync::Arc::clone(&connection),
         &format!("{prefix}.invoice-paid"),
     );
@@ -771,10 +771,10 @@ async fn returned_events_put_no_payload_in_the_logs() {
     // Without the stand-in downstream queue, the outgoing event has no route and
     // the broker returns it to the relay.
     let connection = std::sync::Arc::new(warren_connect().await);
-    let mut downstream = warren::Topology::default();
+    let mut downstream = warren::topology::Topology::default();
     downstream.queues.push(warren::topology::QueueSpec::new(
         format!("{prefix}.invoice-payment-recorded"),
-        warren::QueueType::Quorum,
+        warren::topology::QueueType::Quorum,
     ));
     warren::broker::delete(&connection, &downstream)
         .await
@@ -783,7 +783,7 @@ async fn returned_events_put_no_payload_in_the_logs() {
     let invoice = paid("cus_logs", "12.00", "EUR");
     let marker = invoice.invoice.clone();
     let (event, msg) = invoice.message();
-    warren::Publisher::new(std::sync::Arc::clone(&connection))
+    warren::broker::Publisher::new(std::sync::Arc::clone(&connection))
         .publish(&format!("{prefix}.events"), event, &msg)
         .await
         .unwrap();

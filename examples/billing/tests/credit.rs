@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use warren::Outgoing;
 use warren::broker::BatchItem;
-use warren::{Outgoing, Publisher};
+use warren::broker::Publisher;
 
 mod common;
 use common::*;

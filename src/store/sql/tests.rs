@@ -1,9 +1,10 @@
 //! The shared implementation on a throwaway SQLite file: no server needed.
 
 use super::*;
+use crate::SqliteStore;
 use crate::outbox_row::RowOutcome;
 use crate::outgoing::Outgoing;
-use crate::store::{OutboxStore, SqliteStore};
+use crate::store::OutboxStore;
 
 async fn store(dir: &tempfile::TempDir) -> SqliteStore {
     let path = dir.path().join("warren.db");

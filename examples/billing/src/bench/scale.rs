@@ -8,7 +8,7 @@ use super::dbs::BenchDb;
 use super::workloads::{self, Env, invoices};
 use super::{BenchSpec, Settled, goals, met, ms, rate, row3, row4};
 use crate::service::Settings;
-use warren::Publisher;
+use warren::broker::Publisher;
 
 /// Rows 3 and 4 again with `--inbox-rows` rows in the inbox, then the purge of
 /// a million expired rows timed while billing drains a queue.

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::sync::{Semaphore, watch};
 use warren::broker::BatchItem;
+use warren::broker::Publisher;
 use warren::config::BatchIsolation;
 use warren::lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use warren::lapin::types::FieldTable;
 use warren::store::OutboxStore;
-use warren::{
-    Consumer, ConsumerConfig, Outgoing, Publisher, QueueType, Registry, Relay, RelayConfig,
-    Topology, lapin,
-};
+use warren::topology::QueueType;
+use warren::topology::Topology;
+use warren::{Consumer, ConsumerConfig, Outgoing, Registry, Relay, RelayConfig, lapin};
 
 use super::dbs::{BenchDb, one_insert, one_insert_failing};
 use super::probe::{Settled, percentile};

@@ -4,7 +4,8 @@ use futures_util::TryStreamExt;
 use sqlx::MySql;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Executor, Pool};
-use warren::{MySqlStore, StoreError, Tx};
+use warren::store::StoreError;
+use warren::{MySqlStore, Tx};
 
 use super::{
     Audit, BillingDb, Counts, Payment, audit_with, corrupt, credit_state_with, integer,

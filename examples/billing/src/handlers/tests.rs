@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use warren::admin::DeadLetterReason;
 use warren::sqlx::Sqlite;
 use warren::testing::{OutboxMessage, Settled, TestConsumer, sqlite_in_memory};
-use warren::{DeadLetterReason, Outgoing, SqliteStore};
+use warren::{Outgoing, SqliteStore};
 
 use super::*;
 use crate::db::{BillingDb, Counts};
