@@ -97,7 +97,7 @@ impl<'a> LaneInput<'a> {
 
 #[cfg(test)]
 mod tests {
-    use crate::ConsumerConfig;
+    use crate::config::ConsumerConfig;
     use crate::topology::{
         ArgValue, BindingSpec, QueueSpec, QueueType, Topology, UNBOUNDED_DELIVERY_LIMIT,
     };

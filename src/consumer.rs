@@ -10,17 +10,17 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
+use crate::error::Error;
 use crate::shutdown::cancel_on;
 
 mod partitioned;
 mod relay_supervisor;
 pub(crate) mod session;
-use crate::ConsumerConfig;
 use crate::backoff::Backoff;
 use crate::barrier::SoloBarrier;
 use crate::broker::Delivery;
 use crate::broker::{self, Port, Publisher, Subscription};
+use crate::config::ConsumerConfig;
 use crate::config_error::ConfigError;
 use crate::dispatcher::lanes::Lanes;
 use crate::dispatcher::{Batch, Dispatcher, Work};

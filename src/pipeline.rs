@@ -20,11 +20,11 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use crate::ConsumerConfig;
 use crate::amqp::header_int;
 use crate::barrier::SoloBarrier;
 use crate::broker::guard::Cause;
 use crate::broker::{Delivery, Port};
+use crate::config::ConsumerConfig;
 use crate::dispatcher::{Batch, BatchGate, BatchSize};
 use crate::disposition::{Disposition, History, Rules};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
 use crate::backoff::Backoff;
 use crate::barrier::SoloBarrier;
 use crate::broker::{self, BatchItem, Publisher};
+use crate::error::Error;
 use crate::failpoint;
-use crate::outbox::{OutboxRow, RowOutcome};
+use crate::outbox_row::{OutboxRow, RowOutcome};
 use crate::relay_config::RelayConfig;
 use crate::shutdown::cancel_on;
 use crate::store::{OutboxStore, StoreError};

@@ -23,7 +23,7 @@
 //!   attempt N.
 //!
 //! Any [`OutboxStore`] works: [`sqlite_in_memory`] for a fresh database per
-//! test, [`SqliteStore::connect`](crate::SqliteStore::connect) on a file in a
+//! test, [`SqliteStore::connect`](crate::store::sqlite::SqliteStore::connect) on a file in a
 //! temporary directory, or [`PgStore::connect`](crate::PgStore::connect) with
 //! the URL of a test database. Give each test a database (or, on PostgreSQL, a
 //! schema through `search_path`) of its own: [`outbox`](TestConsumer::outbox)
@@ -111,14 +111,14 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 
-use crate::ConsumerConfig;
-use crate::Error;
 use crate::amqp::{header_int, header_str};
 use crate::barrier::SoloBarrier;
 use crate::broker::Delivery;
 use crate::broker::memory::{MemoryBroker, Published};
+use crate::config::ConsumerConfig;
 use crate::dead_letter::DeadLetterInfo;
 use crate::dispatcher::Batch;
+use crate::error::Error;
 use crate::failure::DeadLetterReason;
 use crate::headers::{self, HEADER_ATTEMPT, HEADER_LAST_ERROR, Signer};
 use crate::outbox_row::RowOutcome;
@@ -137,8 +137,8 @@ pub use outbox_message::OutboxMessage;
 /// connection itself (an open transaction of its own) while delivering waits
 /// for it.
 #[cfg(feature = "sqlite")]
-pub async fn sqlite_in_memory() -> Result<crate::SqliteStore, StoreError> {
-    crate::SqliteStore::in_memory().await
+pub async fn sqlite_in_memory() -> Result<crate::store::sqlite::SqliteStore, StoreError> {
+    crate::store::sqlite::SqliteStore::in_memory().await
 }
 
 /// How one delivery ended: what the broker was told.

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
 use super::session::{SharedConnections, is_fatal};
-use crate::Error;
 use crate::backoff::Backoff;
 use crate::broker;
+use crate::error::Error;
 use crate::partition::Seat;
 use crate::partition::lease::Leaser;
 use crate::pipeline::Pipeline;

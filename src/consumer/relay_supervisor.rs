@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
-use crate::Relay;
 use crate::backoff::Backoff;
 use crate::consumer::Consumer;
+use crate::error::Error;
+use crate::relay::Relay;
 use crate::relay_config::RelayConfig;
 use crate::shutdown::cancel_on;
 use crate::store::{ConsumerStore, OutboxStore};

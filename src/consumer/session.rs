@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::Error;
 use crate::broker::{self, Port, Subscription};
+use crate::error::Error;
 use crate::telemetry::Telemetry;
 
 /// One connected period: two connections, the subscription, its monitor.

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use sqlx::Sqlite;
 
 use super::*;
-use crate::SqliteStore;
 use crate::admin::DeadLetterInfo;
 use crate::broker::memory::MemoryBroker;
 use crate::retry::RetryPolicy;
+use crate::store::sqlite::SqliteStore;
 use crate::store::{SigningKey, Tx};
 use crate::{HandlerError, Message, Outgoing};
 

@@ -248,48 +248,6 @@ pub trait SqlDialect: Database {
     }
 }
 
-/// Writes, inside a dialect's `impl SqlDialect`, the hooks every dialect
-/// implements alike: running a statement that binds nothing, and forwarding
-/// the outbox insert and the version gate's read and write to the code in
-/// `sql` written once for all. They cannot be default methods of
-/// [`SqlDialect`]: the shared code needs bounds on the dialect's connection
-/// that a trait's `where` clause would not carry to the generic code that
-/// calls the hooks (rust-lang/rust#20671, as for `shared_impl!` in `sql`), so
-/// each dialect instantiates them under its concrete type.
-macro_rules! shared_hooks {
-    ($db:ty, $conn:ty) => {
-        async fn execute_raw(conn: &mut $conn, sql: &'static str) -> Result<(), sqlx::Error> {
-            sqlx::Executor::execute(conn, sqlx::raw_sql(sql)).await?;
-            Ok(())
-        }
-
-        async fn insert_outbox<'c>(
-            conn: &'c mut $conn,
-            row: &'c crate::outbox_row::NewOutboxRow<'c>,
-        ) -> Result<(), StoreError> {
-            super::sql::insert_outbox::<$db>(conn, row).await
-        }
-
-        async fn read_version<'c>(
-            conn: &'c mut $conn,
-            scope: &'c str,
-            entity: &'c str,
-        ) -> Result<i64, StoreError> {
-            super::sql::read_version::<$db>(conn, scope, entity).await
-        }
-
-        async fn write_version<'c>(
-            conn: &'c mut $conn,
-            scope: &'c str,
-            entity: &'c str,
-            version: i64,
-        ) -> Result<(), StoreError> {
-            super::sql::write_version::<$db>(conn, scope, entity, version).await
-        }
-    };
-}
-pub(super) use shared_hooks;
-
 /// What [`SqlDialect::take_batch`] took: the transaction holding the rows, if the
 /// dialect keeps one open, and the rows.
 pub(crate) type TakenBatch<D> = (Option<sqlx::Transaction<'static, D>>, Vec<RawOutboxRow>);

@@ -108,7 +108,7 @@ fn lock_wait_sql(lock_timeout: Option<std::time::Duration>) -> String {
 }
 
 impl SqlDialect for MySql {
-    super::dialect::shared_hooks!(MySql, MySqlConnection);
+    super::sql::shared_hooks!(MySql, MySqlConnection);
 
     const SQL: Statements = Statements {
         begin: "BEGIN",

@@ -110,7 +110,7 @@ const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properti
      FOR UPDATE SKIP LOCKED";
 
 impl SqlDialect for Postgres {
-    super::dialect::shared_hooks!(Postgres, PgConnection);
+    super::sql::shared_hooks!(Postgres, PgConnection);
 
     const SQL: Statements = Statements {
         begin: "BEGIN",

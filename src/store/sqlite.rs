@@ -114,7 +114,7 @@ const TAKE_BATCH: &str = "UPDATE warren_outbox SET lease_until = ?1
      RETURNING id, message_id, exchange, routing_key, properties, body, attempts";
 
 impl SqlDialect for Sqlite {
-    super::dialect::shared_hooks!(Sqlite, SqliteConnection);
+    super::sql::shared_hooks!(Sqlite, SqliteConnection);
 
     const SQL: Statements = Statements {
         begin: "BEGIN IMMEDIATE",

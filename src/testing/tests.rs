@@ -5,9 +5,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::Sqlite;
 
 use super::*;
-use crate::SqliteStore;
 use crate::retry::RetryPolicy;
 use crate::store::Tx;
+use crate::store::sqlite::SqliteStore;
 use crate::{HandlerError, Message};
 
 const EVENT: &str = "test.job.v1";

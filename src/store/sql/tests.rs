@@ -1,10 +1,10 @@
 //! The shared implementation on a throwaway SQLite file: no server needed.
 
 use super::*;
-use crate::SqliteStore;
 use crate::outbox_row::RowOutcome;
 use crate::outgoing::Outgoing;
 use crate::store::OutboxStore;
+use crate::store::sqlite::SqliteStore;
 
 async fn store(dir: &tempfile::TempDir) -> SqliteStore {
     let path = dir.path().join("warren.db");
