@@ -25,7 +25,7 @@ pub const DEFAULT_BATCH_SIZE: usize = 32;
 pub const DEFAULT_BATCH_TIME_LIMIT: Duration = Duration::from_millis(100);
 /// Default longest wait for a row lock inside a transaction over several
 /// messages: past it the wait fails as a lock conflict and the batch is split.
-/// Measured with `cargo bench --bench hot_rows` (README, "Lock conflicts"):
+/// Measured with `cargo bench --bench hot_rows` (docs/performance.md, "Lock conflicts"):
 /// 100 ms made batches at prefetch 32 on PostgreSQL 1.6 times slower than
 /// batching turned off, 25 ms as fast.
 pub const DEFAULT_BATCH_LOCK_TIMEOUT: Duration = Duration::from_millis(25);

@@ -291,7 +291,7 @@ impl<S: ConsumerStore> Consumer<S> {
                     return Err(broker::BrokerError::RingBroken(format!(
                         "partition queue {:?} is gone; its hash binding went with it. Stop every \
                          instance, drain the partition queues, delete the hash exchange, and start \
-                         again (README, \"Changing the partition count\")",
+                         again (docs/ordering.md, \"Changing the partition count\")",
                         config.queue
                     )));
                 }

@@ -62,7 +62,8 @@
 //! batch; `consumer` runs sessions with the broker (`consumer::session`) and
 //! reconnects around them.
 //!
-//! The guide below is the README; its examples compile as doc-tests.
+//! The page below is the README; the guides it links to are the modules of
+//! [`guide`]. Their examples compile as doc-tests.
 #![doc = ""]
 #![doc = include_str!("../README.md")]
 // A build without a store serves tools that need only warren's names and types
@@ -72,6 +73,35 @@
     not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
     allow(dead_code, unused)
 )]
+
+/// The guides, one topic to a page: the files of the repository's `docs/`
+/// folder, included here so that their examples compile as doc-tests.
+pub mod guide {
+    #[doc = include_str!("../docs/handlers.md")]
+    pub mod handlers {}
+    #[doc = include_str!("../docs/testing.md")]
+    pub mod testing {}
+    #[doc = include_str!("../docs/failures.md")]
+    pub mod failures {}
+    #[doc = include_str!("../docs/ordering.md")]
+    pub mod ordering {}
+    #[doc = include_str!("../docs/production.md")]
+    pub mod production {}
+    #[doc = include_str!("../docs/cli.md")]
+    pub mod cli {}
+    #[doc = include_str!("../docs/tls.md")]
+    pub mod tls {}
+    #[doc = include_str!("../docs/performance.md")]
+    pub mod performance {}
+    #[doc = include_str!("../docs/billing.md")]
+    pub mod billing {}
+    #[doc = include_str!("../docs/chaos.md")]
+    pub mod chaos {}
+    #[doc = include_str!("../docs/guarantees.md")]
+    pub mod guarantees {}
+    #[doc = include_str!("../docs/architecture.md")]
+    pub mod architecture {}
+}
 
 pub mod amqp;
 mod backoff;

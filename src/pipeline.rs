@@ -80,12 +80,16 @@ struct Admitted {
 /// A delivery that passed validation and routing, waiting for its unit of
 /// work.
 struct Ready {
+    /// Its place in the deliveries handed out together.
+    position: usize,
     admitted: Admitted,
     meta: Metadata,
 }
 
 /// A delivery whose disposition is decided, waiting to be settled.
 struct Finished {
+    /// Its place in the deliveries handed out together.
+    position: usize,
     admitted: Admitted,
     /// Its envelope's metadata, if it got that far.
     meta: Option<Metadata>,
@@ -128,19 +132,24 @@ impl<S: Store + SoloRuns> Pipeline<S> {
 
     /// The rule, for the deliveries of `batch`: each taken in and routed, the
     /// valid ones applied (alone if `batch` is a suspect), then each settled
-    /// and finished. Returns their outcomes in the order settled.
+    /// and finished. Returns their outcomes in the order of the deliveries.
     pub(crate) async fn run(&self, port: &dyn Port, batch: Batch) -> Vec<Outcome> {
         let mut ready = Vec::with_capacity(batch.deliveries.len());
         let mut calls = Vec::with_capacity(batch.deliveries.len());
         let mut finished = Vec::with_capacity(batch.deliveries.len());
-        for delivery in batch.deliveries {
+        for (position, delivery) in batch.deliveries.into_iter().enumerate() {
             let admitted = self.admit(delivery);
             match self.route(&admitted) {
                 Ok((meta, call)) => {
-                    ready.push(Ready { admitted, meta });
+                    ready.push(Ready {
+                        position,
+                        admitted,
+                        meta,
+                    });
                     calls.push(call);
                 }
                 Err(disposition) => finished.push(Finished {
+                    position,
                     admitted,
                     meta: None,
                     disposition,
@@ -163,6 +172,7 @@ impl<S: Store + SoloRuns> Pipeline<S> {
                     .into_iter()
                     .zip(decided)
                     .map(|(ready, (disposition, gated))| Finished {
+                        position: ready.position,
                         admitted: ready.admitted,
                         meta: Some(ready.meta),
                         disposition,
@@ -171,7 +181,9 @@ impl<S: Store + SoloRuns> Pipeline<S> {
                     }),
             );
         }
-        self.settle_all(port, finished).await
+        let mut outcomes = self.settle_all(port, finished).await;
+        outcomes.sort_unstable_by_key(|&(position, _)| position);
+        outcomes.into_iter().map(|(_, outcome)| outcome).collect()
     }
 
     /// Takes a delivery in: only headers warren signed count as warren's from

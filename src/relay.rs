@@ -75,6 +75,9 @@ pub struct Relay<S: OutboxStore> {
     store: S,
     config: RelayConfig,
     counters: Arc<Counters>,
+    /// The solo barrier its batches hold shared: the process's, or the one of
+    /// the consumer it runs beside.
+    barrier: SoloBarrier,
 }
 
 impl<S: OutboxStore> Relay<S> {
@@ -84,7 +87,14 @@ impl<S: OutboxStore> Relay<S> {
             store,
             config,
             counters: Arc::default(),
+            barrier: SoloBarrier::process(),
         }
+    }
+
+    /// This relay, its batches waiting behind `barrier`'s suspects.
+    pub(crate) fn waiting_on(mut self, barrier: &SoloBarrier) -> Self {
+        self.barrier = barrier.clone();
+        self
     }
 
     /// This relay, counting into `handle`'s counters: a restarted relay carries
@@ -121,7 +131,7 @@ impl<S: OutboxStore> Relay<S> {
         // A batch is work of this process like a handler's: while a suspect
         // runs alone, the relay waits, so that a death of the relay's cannot
         // count against the suspect.
-        let _shared = SoloBarrier::process().shared().await;
+        let _shared = self.barrier.shared().await;
         let mut tally = RelayStats::default();
         let tally_ref = &mut tally;
         let taken = self

@@ -22,6 +22,14 @@
 //! - [`deliver_attempt`](TestConsumer::deliver_attempt): a message arriving as
 //!   attempt N.
 //!
+//! The kit takes a store, not a database: `TestConsumer<PgStore>`, never
+//! `TestConsumer<sqlx::Postgres>` (the database, which a handler's `Tx` names).
+//! The compiler says what to write instead:
+//!
+//! ```compile_fail
+//! fn kit(_: warren::testing::TestConsumer<warren::sqlx::Postgres>) {}
+//! ```
+//!
 //! Any [`OutboxStore`] works: [`sqlite_in_memory`] for a fresh database per
 //! test, [`SqliteStore::connect`](crate::store::sqlite::SqliteStore::connect) on a file in a
 //! temporary directory, or [`PgStore::connect`](crate::PgStore::connect) with
@@ -132,6 +140,11 @@ mod outbox_message;
 
 pub use outbox_message::OutboxMessage;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod database;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use database::{STALE_AFTER, TestDatabase};
+
 /// A fresh, empty SQLite database in memory, for one test. It has a single
 /// connection, which a delivery's transaction takes: a test that holds the
 /// connection itself (an open transaction of its own) while delivering waits
@@ -227,7 +240,9 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
         Ok(Self {
             pipeline: {
                 let pipeline =
-                    Pipeline::new(config, store, registry.erase(), SoloBarrier::process());
+                    // A barrier of its own: kits in tests running side by side
+                    // never wait on each other's suspects.
+                    Pipeline::new(config, store, registry.erase(), SoloBarrier::default());
                 let _ = pipeline.signer.set(Signer::new(&key));
                 pipeline
             },
@@ -257,6 +272,119 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
     pub async fn deliver(&self, message: &Outgoing) -> Settled {
         self.run(self.delivery_of(message, false, message.properties()))
             .await
+    }
+
+    /// Delivers `messages` as the broker hands out what it had buffered: in
+    /// batches of up to the consumer's batch size, each applied in one
+    /// transaction, as the consumer does under load. A failing message is
+    /// decided alone and the others of its batch run again without it; a lock
+    /// conflict splits the batch. Returns how each settled, in order.
+    ///
+    /// ```
+    /// use warren::sqlx::{self, Sqlite};
+    /// use warren::testing::{Settled, TestConsumer, sqlite_in_memory};
+    /// use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Line { sku: String, qty: i64 }
+    ///
+    /// async fn take(msg: Message<Line>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> {
+    ///     if msg.payload.qty <= 0 {
+    ///         return Err(HandlerError::permanent("a line takes at least one"));
+    ///     }
+    ///     sqlx::query("UPDATE stock SET available = available - ? WHERE sku = ?")
+    ///         .bind(msg.payload.qty)
+    ///         .bind(&msg.payload.sku)
+    ///         .execute(tx.conn())
+    ///         .await?;
+    ///     Ok(())
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = sqlite_in_memory().await?;
+    /// sqlx::query("CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)")
+    ///     .execute(store.pool())
+    ///     .await?;
+    /// sqlx::query("INSERT INTO stock VALUES ('a', 10)").execute(store.pool()).await?;
+    /// let kit = TestConsumer::new(
+    ///     ConsumerConfig::builder("shop", "shop.lines").build()?,
+    ///     store,
+    ///     Registry::new().route("shop.line.v1", 1, take),
+    /// )
+    /// .await?;
+    /// let line = |qty| Outgoing::new("shop.line.v1", 1, &Line { sku: "a".into(), qty });
+    /// let settled = kit.deliver_batch(&[line(2)?, line(3)?, line(0)?]).await;
+    /// assert_eq!(settled[..2], [Settled::Applied, Settled::Applied]);
+    /// assert!(matches!(settled[2], Settled::DeadLettered { .. }));
+    /// // The batch rolled back for the failing line, and the two before it ran
+    /// // again together, without it.
+    /// assert_eq!(kit.stats().batches, 1);
+    /// let left: i64 = sqlx::query_scalar("SELECT available FROM stock")
+    ///     .fetch_one(kit.store().pool())
+    ///     .await?;
+    /// assert_eq!(left, 5, "the failing line rolled back alone");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn deliver_batch(&self, messages: &[Outgoing]) -> Vec<Settled> {
+        let mut settled = Vec::with_capacity(messages.len());
+        for chunk in messages.chunks(self.pipeline.batch_size.get()) {
+            let deliveries = chunk
+                .iter()
+                .map(|m| self.delivery_of(m, false, m.properties()))
+                .collect();
+            let batch = Batch {
+                deliveries,
+                alone: false,
+            };
+            settled.extend(self.run_batch(batch).await);
+        }
+        settled
+    }
+
+    /// Delivers `messages` side by side, each in a transaction of its own, as
+    /// the consumer's workers run them when deliveries arrive one at a time:
+    /// handlers that take the same rows then wait for each other or
+    /// deadlock, and a deadlock's loser runs again in place. Returns how each
+    /// settled, in order.
+    ///
+    /// ```
+    /// # use warren::sqlx::{self, Sqlite};
+    /// # use warren::testing::{Settled, TestConsumer, sqlite_in_memory};
+    /// # use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Paid { invoice: String }
+    /// # async fn paid(msg: Message<Paid>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> {
+    /// #     sqlx::query("INSERT INTO paid (invoice) VALUES (?)")
+    /// #         .bind(&msg.payload.invoice)
+    /// #         .execute(tx.conn())
+    /// #         .await?;
+    /// #     Ok(())
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let store = sqlite_in_memory().await?;
+    /// # sqlx::query("CREATE TABLE paid (invoice TEXT NOT NULL)").execute(store.pool()).await?;
+    /// # let kit = TestConsumer::new(
+    /// #     ConsumerConfig::builder("shop", "shop.paid").build()?,
+    /// #     store,
+    /// #     Registry::new().route("shop.paid.v1", 1, paid),
+    /// # )
+    /// # .await?;
+    /// // Eight copies of one message at once, as eight workers would take them:
+    /// // the inbox lets one apply.
+    /// let m = Outgoing::new("shop.paid.v1", 1, &Paid { invoice: "in_1".into() })?;
+    /// let copies = vec![m; 8];
+    /// let settled = kit.deliver_concurrently(&copies).await;
+    /// let applied = settled.iter().filter(|s| **s == Settled::Applied).count();
+    /// assert_eq!(applied, 1);
+    /// assert!(settled.iter().all(|s| matches!(s, Settled::Applied | Settled::Duplicate)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn deliver_concurrently(&self, messages: &[Outgoing]) -> Vec<Settled> {
+        futures_util::future::join_all(messages.iter().map(|m| self.deliver(m))).await
     }
 
     /// Delivers a message of `event_type` in schema `version` with `payload`,
@@ -391,6 +519,8 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
     /// called, and `warren_outbox` shows them as published afterwards.
     pub async fn outbox(&self) -> Result<Vec<OutboxMessage>, StoreError> {
         loop {
+            // As production's relay does, behind the suspects of its consumer.
+            let _shared = self.pipeline.barrier.shared().await;
             let mut taken = Vec::new();
             let n = self
                 .pipeline
@@ -437,22 +567,32 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
     }
 
     /// Runs one delivery and reads its settlement from what the broker was told.
-    async fn run(&self, mut delivery: Delivery) -> Settled {
-        delivery.tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let id = delivery.message_id().to_owned();
-        let outcome = self
-            .pipeline
-            .run(&self.broker, Batch::of(delivery))
+    async fn run(&self, delivery: Delivery) -> Settled {
+        self.run_batch(Batch::of(delivery))
             .await
             .pop()
-            .expect("one delivery, one outcome");
+            .expect("one delivery, one outcome")
+    }
+
+    /// Runs the deliveries of `batch` as the dispatcher hands them out, and
+    /// reads how each settled, in order, from what the broker was told.
+    async fn run_batch(&self, mut batch: Batch) -> Vec<Settled> {
+        for delivery in &mut batch.deliveries {
+            delivery.tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        }
+        let ids: Vec<String> = batch
+            .deliveries
+            .iter()
+            .map(|d| d.message_id().to_owned())
+            .collect();
+        let outcomes = self.pipeline.run(&self.broker, batch).await;
         let published = self.broker.published();
         let mut state = self.state.lock().unwrap();
         let copies = published[state.published..].to_vec();
         state.published = published.len();
         let config = &self.pipeline.config;
         // Copies are classified as they appear, whichever call (deliveries may
-        // run side by side) made them; each call then takes its own by id.
+        // run side by side) made them; each delivery then takes its own by id.
         for copy in copies {
             let copy_id = copy
                 .properties
@@ -492,33 +632,32 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
                 state.waiting.push_back(copy);
             }
         }
-        match outcome {
-            Outcome::Applied => Settled::Applied,
-            Outcome::Duplicate => Settled::Duplicate,
-            Outcome::Returned => Settled::Returned,
-            Outcome::Stale => Settled::Stale,
-            Outcome::Forwarded => {
-                unreachable!("the kit consumes no partition queue, and only those forward")
-            }
-            Outcome::Parked => {
-                if let Some(at) = state
-                    .settled_copies
-                    .iter()
-                    .rposition(|(copy_id, _)| *copy_id == id)
-                {
-                    state.settled_copies.remove(at);
+        let mut take_copy = |id: &str| {
+            state
+                .settled_copies
+                .iter()
+                .rposition(|(copy_id, _)| copy_id == id)
+                .map(|at| state.settled_copies.remove(at).1)
+        };
+        ids.iter()
+            .zip(outcomes)
+            .map(|(id, outcome)| match outcome {
+                Outcome::Applied => Settled::Applied,
+                Outcome::Duplicate => Settled::Duplicate,
+                Outcome::Returned => Settled::Returned,
+                Outcome::Stale => Settled::Stale,
+                Outcome::Forwarded => {
+                    unreachable!("the kit consumes no partition queue, and only those forward")
                 }
-                Settled::Parked
-            }
-            Outcome::Retried | Outcome::DeadLettered(_) => {
-                let at = state
-                    .settled_copies
-                    .iter()
-                    .rposition(|(copy_id, _)| *copy_id == id)
-                    .expect("a retried or dead-lettered delivery left a copy");
-                state.settled_copies.remove(at).1
-            }
-        }
+                Outcome::Parked => {
+                    take_copy(id);
+                    Settled::Parked
+                }
+                Outcome::Retried | Outcome::DeadLettered(_) => {
+                    take_copy(id).expect("a retried or dead-lettered delivery left a copy")
+                }
+            })
+            .collect()
     }
 }
 

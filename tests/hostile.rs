@@ -1,5 +1,5 @@
 //! Hostile input: what a producer can send must not stop, mislead or stall the
-//! consumer or the relay. Each case ends where the README says, and a valid
+//! consumer or the relay. Each case ends where the guide (docs/failures.md) says, and a valid
 //! message sent right after it is applied exactly once.
 
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ use crate::util::{
 };
 
 on_all_backends!(
-    each_hostile_input_ends_where_the_readme_says,
+    each_hostile_input_ends_where_the_guide_says,
     a_row_the_relay_cannot_publish_is_failed_and_the_rest_go_out,
     generated_hostile_input_never_stops_the_consumer_or_the_relay,
     a_message_published_with_another_users_id_is_retried_and_dead_lettered,
@@ -95,7 +95,7 @@ async fn dead_letters(broker: &TestBroker) -> HashMap<String, (DeadLetterInfo, B
 
 /// Regression for every input named in the hostile-input issue: each one is
 /// published to a running consumer with its relay, followed by a valid message.
-async fn each_hostile_input_ends_where_the_readme_says<B: Backend>() {
+async fn each_hostile_input_ends_where_the_guide_says<B: Backend>() {
     let (db, broker, capture, running) = consumer_with_relay::<B>().await;
 
     let id = |case: &str| format!("{}-{case}", broker.name);

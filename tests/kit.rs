@@ -56,3 +56,88 @@ async fn the_kit_settles_every_way_on_a_real_database<B: Backend>() {
     drop(kit);
     db.drop_db().await;
 }
+
+/// A throwaway database whose test was killed stays behind; the next one made
+/// on the same server drops it once it is older than `STALE_AFTER`, and
+/// leaves a recent one (another test's, running now) alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throwaway_postgres_schemas_left_by_killed_tests_are_dropped_later() {
+    use warren::testing::{STALE_AFTER, TestDatabase};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let tail = &unique("t")[2..];
+    let old = format!("warren_test_{}_{tail}", now - STALE_AFTER.as_secs() - 60);
+    let recent = format!("warren_test_{}_{tail}", now - 60);
+    let admin = sqlx::PgPool::connect(&crate::util::pg_admin_url())
+        .await
+        .unwrap();
+    for name in [&old, &recent] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let exists = async |name: &str| -> bool {
+        sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
+            .bind(name)
+            .fetch_one(&admin)
+            .await
+            .map(|n: i64| n == 1)
+            .unwrap()
+    };
+
+    let db = TestDatabase::postgres(&crate::util::pg_admin_url())
+        .await
+        .unwrap();
+    assert!(!exists(&old).await, "the stale schema was dropped");
+    assert!(exists(&recent).await, "a recent one is another test's");
+    assert!(exists(db.name()).await);
+
+    // Dropped when the value is, as a test that panics drops it.
+    let name = db.name().to_owned();
+    drop(db);
+    assert!(!exists(&name).await);
+
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {recent}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
+/// The same on MySQL and MariaDB, with databases.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throwaway_mysql_databases_left_by_killed_tests_are_dropped_later() {
+    use warren::testing::{STALE_AFTER, TestDatabase};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let tail = &unique("t")[2..];
+    let old = format!("warren_test_{}_{tail}", now - STALE_AFTER.as_secs() - 60);
+    let admin = sqlx::MySqlPool::connect(&crate::util::mysql_admin_url())
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {old}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let exists = async |name: &str| -> bool {
+        sqlx::query_scalar("SELECT count(*) FROM information_schema.schemata WHERE schema_name = ?")
+            .bind(name)
+            .fetch_one(&admin)
+            .await
+            .map(|n: i64| n == 1)
+            .unwrap()
+    };
+    let db = TestDatabase::mysql(&crate::util::mysql_admin_url())
+        .await
+        .unwrap();
+    assert!(!exists(&old).await, "the stale database was dropped");
+    assert!(exists(db.name()).await);
+    let name = db.name().to_owned();
+    db.drop_now().await.unwrap();
+    assert!(!exists(&name).await);
+}

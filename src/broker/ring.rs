@@ -108,7 +108,7 @@ pub async fn check(connection: &Connection, ring: &Ring) -> Result<bool, BrokerE
                 "partition queue {queue:?} (partition {index}) is missing while the hash exchange \
                  {:?} exists: its binding went with it and the ring was renumbered, so warren will \
                  not bind it again. Stop every instance, drain the partition queues, delete the \
-                 exchange {:?}, and start again (README, \"Changing the partition count\")",
+                 exchange {:?}, and start again (docs/ordering.md, \"Changing the partition count\")",
                 ring.exchange, ring.exchange
             )));
         }
@@ -117,7 +117,7 @@ pub async fn check(connection: &Connection, ring: &Ring) -> Result<bool, BrokerE
         return Err(BrokerError::RingBroken(format!(
             "queue {:?} exists beside the {} partition queues of {:?}: the partition count \
              changed. Drain every partition queue, delete the exchange and the partition queues, \
-             and start with the new count (README, \"Changing the partition count\")",
+             and start with the new count (docs/ordering.md, \"Changing the partition count\")",
             ring.next_queue,
             ring.queues.len(),
             ring.exchange

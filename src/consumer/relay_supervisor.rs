@@ -54,11 +54,14 @@ impl<S: ConsumerStore + OutboxStore> Consumer<S> {
             let store = self.inner.store.clone();
             let url = amqp_url.to_owned();
             let counters = Relay::new(store.clone(), relay.clone()).stats_handle();
+            let barrier = self.inner.barrier.clone();
             let supervisor = tokio::spawn(supervise(
                 self.inner.telemetry.clone(),
                 relay_stop.clone(),
                 move |stop: CancellationToken| {
-                    let relay = Relay::new(store.clone(), relay.clone()).sharing(&counters);
+                    let relay = Relay::new(store.clone(), relay.clone())
+                        .sharing(&counters)
+                        .waiting_on(&barrier);
                     let url = url.clone();
                     async move { relay.run(&url, stop.cancelled_owned()).await }
                 },

@@ -20,12 +20,13 @@ impl<S: Store + SoloRuns> Pipeline<S> {
     /// Settles what was decided, then finishes each delivery: one ack (or as
     /// few as the tags allow) for every delivery acked because its unit
     /// committed, then the rest side by side, so that a backoff before
-    /// returning deliveries is waited once, not once each.
+    /// returning deliveries is waited once, not once each. Each outcome comes
+    /// with its delivery's place.
     pub(super) async fn settle_all(
         &self,
         port: &dyn Port,
         finished: Vec<Finished>,
-    ) -> Vec<Outcome> {
+    ) -> Vec<(usize, Outcome)> {
         let (acked, others): (Vec<Finished>, Vec<Finished>) = finished
             .into_iter()
             .partition(|f| matches!(f.disposition, Disposition::Ack(_)));
@@ -42,12 +43,12 @@ impl<S: Store + SoloRuns> Pipeline<S> {
             };
             let outcome = acked_as(applied);
             self.finish(f, outcome);
-            outcomes.push(outcome);
+            outcomes.push((f.position, outcome));
         }
         let settled = join_all(others.iter().map(|f| self.settle(port, f))).await;
         for (f, outcome) in others.iter().zip(settled) {
             self.finish(f, outcome);
-            outcomes.push(outcome);
+            outcomes.push((f.position, outcome));
         }
         outcomes
     }
@@ -218,7 +219,7 @@ impl<S: Store + SoloRuns> Pipeline<S> {
                  on to {queue:?}. The broker's hash ring is not in the order warren declared \
                  (a broker restart can rebuild it in another order), or a producer publishes \
                  to partition queues directly. Each such delivery costs a second hop; to route \
-                 directly again, rebuild the ring (README, \"A stable ring\")"
+                 directly again, rebuild the ring (docs/ordering.md, \"A stable ring\")"
             );
         }
         Outcome::Forwarded

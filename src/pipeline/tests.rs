@@ -505,11 +505,11 @@ async fn a_failing_message_in_the_middle_of_a_batch_fails_alone() {
         [
             Outcome::Applied,
             Outcome::Applied,
+            Outcome::Retried,
             Outcome::Applied,
-            Outcome::Applied,
-            Outcome::Retried
+            Outcome::Applied
         ],
-        "acked ones first, then the rest"
+        "each delivery's outcome in its place"
     );
     assert_eq!(f.effects().await, 4, "the failing one rolled back alone");
     let s = f.stats();

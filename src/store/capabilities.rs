@@ -17,7 +17,7 @@ use super::{Store, StoreError, Tx};
             is what a handler's `Tx<sqlx::Postgres>` names"
 )]
 pub trait SigningKey: Store {
-    /// The key warren signs its own headers with (see the README, "What a
+    /// The key warren signs its own headers with (see docs/failures.md, "What a
     /// producer cannot forge"). Created at random the first time any process
     /// asks, and kept in `warren_settings`, so every process on this database
     /// verifies what the others signed, across restarts.

@@ -10,7 +10,7 @@ use warren::{PgStore, SqliteStore, Tx};
 
 #[cfg(feature = "mysql")]
 use super::mysql_admin_url;
-use super::{pg_admin_url, unique};
+use super::pg_admin_url;
 
 /// A database dialect under test.
 pub trait Backend: warren::store::Dialect {
@@ -74,9 +74,9 @@ pub struct TestDb<B: Backend> {
 }
 
 enum Cleanup {
-    Schema(String),
-    #[cfg(feature = "mysql")]
-    Database(String),
+    /// A PostgreSQL schema or a MySQL database, dropped when the test is done
+    /// (or by a later run, if the test process was killed).
+    Database(warren::testing::TestDatabase),
     Dir(#[allow(dead_code)] tempfile::TempDir),
 }
 
@@ -106,20 +106,9 @@ impl<B: Backend> TestDb<B> {
         .await
     }
     pub async fn drop_db(self) {
-        if let Cleanup::Schema(schema) = &self.cleanup {
-            let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
-            sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-                .execute(&admin)
-                .await
-                .unwrap();
-        }
-        #[cfg(feature = "mysql")]
-        if let Cleanup::Database(name) = &self.cleanup {
-            let admin = sqlx::MySqlPool::connect(&mysql_admin_url()).await.unwrap();
-            sqlx::query(AssertSqlSafe(format!("DROP DATABASE {name}")))
-                .execute(&admin)
-                .await
-                .unwrap();
+        if let Cleanup::Database(db) = self.cleanup {
+            B::pool(&self.store).close().await;
+            db.drop_now().await.unwrap();
         }
     }
 }
@@ -231,23 +220,17 @@ impl Backend for Postgres {
     const NAME: &'static str = "postgres";
 
     async fn create() -> TestDb<Self> {
-        let schema = unique("wt");
-        let admin = sqlx::PgPool::connect(&pg_admin_url()).await.unwrap();
-        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
+        let db = warren::testing::TestDatabase::postgres(&pg_admin_url())
             .await
             .unwrap();
-        admin.close().await;
-        let base = pg_admin_url();
-        let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        let url = db.url().to_owned();
         let store = Self::open(&url).await;
         store.migrate().await.unwrap();
         sqlx::query(EFFECTS_PG).execute(store.pool()).await.unwrap();
         TestDb {
             store,
             url,
-            cleanup: Cleanup::Schema(schema),
+            cleanup: Cleanup::Database(db),
         }
     }
 
@@ -295,14 +278,10 @@ impl Backend for sqlx::MySql {
     const NAME: &'static str = "mysql";
 
     async fn create() -> TestDb<Self> {
-        let name = unique("wt");
-        let admin = sqlx::MySqlPool::connect(&mysql_admin_url()).await.unwrap();
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
+        let db = warren::testing::TestDatabase::mysql(&mysql_admin_url())
             .await
             .unwrap();
-        admin.close().await;
-        let url = format!("{}{name}", mysql_admin_url().trim_end_matches(|c| c != '/'));
+        let url = db.url().to_owned();
         let store = Self::open(&url).await;
         store.migrate().await.unwrap();
         sqlx::query(EFFECTS_MYSQL)
@@ -312,7 +291,7 @@ impl Backend for sqlx::MySql {
         TestDb {
             store,
             url,
-            cleanup: Cleanup::Database(name),
+            cleanup: Cleanup::Database(db),
         }
     }
 
