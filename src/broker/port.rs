@@ -23,7 +23,9 @@ use super::{BrokerError, Publisher, close_channel, deadline, short};
 type Watermark = Arc<tokio::sync::Mutex<AckWatermark>>;
 
 /// A delivery as the pipeline sees it: the broker's tag, where it came from, and
-/// what it carries. No client type leaks past the broker module.
+/// what it carries. Of the client's types only its model of AMQP properties
+/// (`BasicProperties`, with its header tables) crosses the port: no channel,
+/// consumer or connection does (see the crate docs on lapin's types).
 #[derive(Debug, Clone)]
 pub(crate) struct Delivery {
     /// The channel's delivery tag: what an ack names. Never an identity.
