@@ -3,7 +3,7 @@
 //! purges its inbox.
 //!
 //! The flags are in `cli`, what each command does in a module of its own
-//! (`topology`, `dead_letters`, `outbox`, `inbox`), and `run` connects to what
+//! (`topology`, `dead_letters`, `outbox`, `inbox`), and `dispatch` connects to what
 //! a command needs and hands it over.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // printing is this program's job
 
@@ -13,10 +13,10 @@ use clap::Parser;
 
 mod cli;
 mod dead_letters;
+mod dispatch;
 mod inbox;
 mod outbox;
 mod print;
-mod run;
 mod topology;
 
 use cli::Cli;
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(cli)) {
+    match runtime.block_on(dispatch::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("warren: {message}");
