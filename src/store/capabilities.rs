@@ -8,14 +8,8 @@ use chrono::{DateTime, Utc};
 
 use super::{Store, StoreError, Tx};
 
+store_trait! {
 /// The key warren signs its own headers with.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait SigningKey: Store {
     /// The key warren signs its own headers with (see docs/failures.md, "What a
     /// producer cannot forge"). Created at random the first time any process
@@ -23,15 +17,10 @@ pub trait SigningKey: Store {
     /// verifies what the others signed, across restarts.
     fn signing_key(&self) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
 }
+}
 
+store_trait! {
 /// A suspect's solo runs: the evidence the poison check counts.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait SoloRuns: Store {
     /// Records that `message_id`, a suspect (a redelivery), is about to run alone
     /// in `consumer`'s process, in its own committed statement (it must survive
@@ -55,16 +44,11 @@ pub trait SoloRuns: Store {
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 }
+}
 
+store_trait! {
 /// Partition leases: which instance consumes which partition of a
 /// partitioned consumer.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait Leases: Store {
     /// The partition leases of a partitioned consumer (see
     /// [`crate::partition`]): who holds which partition, until when.
@@ -89,15 +73,10 @@ pub trait Leases: Store {
         now_ms: i64,
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send + 'a;
 }
+}
 
+store_trait! {
 /// Inbox retention: forgetting claims old enough that no copy can come back.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait Retention: Store {
     /// Deletes up to `batch` inbox rows of `consumer` processed before `cutoff`,
     /// and as many solo-run counts last touched before it; returns how many
@@ -110,17 +89,13 @@ pub trait Retention: Store {
         batch: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
 }
+}
 
+store_trait! {
 /// Everything a consumer needs of its store: the inbox, the signing key, solo
 /// runs and partition leases. Every store that has them all is one.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait ConsumerStore: Store + SigningKey + SoloRuns + Leases {}
+}
 
 impl<S: Store + SigningKey + SoloRuns + Leases> ConsumerStore for S {}
 

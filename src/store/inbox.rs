@@ -21,6 +21,7 @@ pub struct InboxEntry<'a> {
     pub received_at: DateTime<Utc>,
 }
 
+store_trait! {
 /// A transactional store: the inbox and the handler's transaction, the core
 /// every backend implements. What a backend adds beyond it are capabilities of
 /// their own ([`SigningKey`](super::SigningKey), [`SoloRuns`](super::SoloRuns),
@@ -31,13 +32,6 @@ pub struct InboxEntry<'a> {
 /// Implemented by `PgStore` (feature `postgres`), `SqliteStore` (`sqlite`) and
 /// `MySqlStore` (`mysql`), each a [`SqlStore`](super::SqlStore) over its
 /// dialect, with every capability.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait Store: Clone + Send + Sync + 'static {
     /// The sqlx database the handler's transaction belongs to.
     type Db: Dialect;
@@ -110,4 +104,5 @@ pub trait Store: Clone + Send + Sync + 'static {
         consumer: &'a str,
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+}
 }

@@ -19,6 +19,22 @@
 //! - `postgres`, `sqlite`, `mysql`: connecting, and each dialect's statements and
 //!   hooks.
 
+/// Writes a store trait with the message the compiler gives when a type
+/// that is not a store stands where one goes: most often a database
+/// (`sqlx::Postgres`) where its store (`PgStore`) belongs.
+macro_rules! store_trait {
+    ($($item:tt)*) => {
+        #[diagnostic::on_unimplemented(
+            message = "`{Self}` is not a warren store",
+            label = "a store goes here, not a database",
+            note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: \
+                    write `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database \
+                    (`sqlx::Postgres`) is what a handler's `Tx<sqlx::Postgres>` names"
+        )]
+        $($item)*
+    };
+}
+
 mod capabilities;
 mod dialect;
 mod error;

@@ -7,14 +7,8 @@ use chrono::{DateTime, Utc};
 use super::{Store, StoreError};
 use crate::outbox_row::{FailedRow, OutboxRow, OutboxStatus, RowOutcome};
 
+store_trait! {
 /// The outbox side of a store: what the relay and the operators' tools need.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a warren store",
-    label = "a store goes here, not a database",
-    note = "a store is `warren::PgStore`, `warren::SqliteStore` or `warren::MySqlStore`: write \
-            `Consumer<PgStore>` or `TestConsumer<PgStore>`; the database (`sqlx::Postgres`) \
-            is what a handler's `Tx<sqlx::Postgres>` names"
-)]
 pub trait OutboxStore: Store {
     /// Takes up to `limit` unpublished rows in order, passes them to `publish`,
     /// and records each row's outcome. On PostgreSQL the rows stay locked
@@ -77,6 +71,7 @@ pub trait OutboxStore: Store {
         cutoff: DateTime<Utc>,
         batch: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
+}
 }
 
 /// Notifications that outbox rows were committed.
