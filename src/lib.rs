@@ -148,7 +148,8 @@ pub mod version;
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
-        DeadLetter, DeadLetterInfo, DeadLetterQueue, ReplayReport, Replayed, Selection,
+        DeadLetter, DeadLetterInfo, DeadLetterQueue, ReplayReport, Replayed, Selection, letter_id,
+        letter_id_of_content,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

@@ -74,15 +74,17 @@ pub(crate) fn park_copy(
     .with_delivery_mode(PERSISTENT)
 }
 
-/// A dead-letter copy, its failure record already applied: with the version
-/// the gate checked and what the frame guard removed from the delivery (the
-/// names of the headers and the digest of the bytes).
+/// A dead-letter copy, its failure record already applied: with the id of
+/// the letter, the version the gate checked and what the frame guard removed
+/// from the delivery (the names of the headers and the digest of the bytes).
 pub(crate) fn dead_letter_copy(
     with_record: BasicProperties,
     delivery: Origin<'_>,
     gated: Option<&GatedVersion>,
+    letter_id: &str,
 ) -> BasicProperties {
     edit(with_record, |headers| {
+        headers.insert(HEADER_LETTER_ID.into(), text(letter_id));
         if !delivery.removed.is_empty() {
             headers.insert(HEADER_DROPPED.into(), text(delivery.removed));
         }

@@ -7,6 +7,14 @@ pub const HEADER_ATTEMPT: &str = "x-warren-attempt";
 pub const HEADER_LAST_ERROR: &str = "x-warren-last-error";
 /// Header: when the message was last replayed from the dead-letter queue.
 pub const HEADER_REPLAYED_AT: &str = "x-warren-replayed-at";
+/// Header: the id of the replay that sent this copy (from the dead-letter
+/// store). The consumer journals the copy's outcome under it, and a copy
+/// that fails again is a new dead letter, told apart by it.
+pub const HEADER_REPLAY_ID: &str = "x-warren-replay-id";
+/// Header: the id of one dead letter, on the copy warren dead-letters: the
+/// same for every copy of one failure, so that storing it is effectively
+/// once (see [`letter_id`](crate::admin::letter_id)).
+pub const HEADER_LETTER_ID: &str = "x-warren-letter-id";
 
 /// Header: why the message was dead-lettered (a [`DeadLetterReason`](crate::admin::DeadLetterReason) name).
 pub const HEADER_REASON: &str = "x-warren-reason";

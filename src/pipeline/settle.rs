@@ -5,10 +5,12 @@ use futures_util::future::join_all;
 use lapin::BasicProperties;
 
 use super::{Finished, Pipeline};
+use crate::amqp::header_str;
 use crate::broker::{Delivery, Port};
-use crate::dead_letter::DeadLetterInfo;
+use crate::dead_letter::{DeadLetterInfo, letter_id, letter_id_of_content};
 use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
+use crate::headers::HEADER_REPLAY_ID;
 use crate::headers::{
     self, Origin, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy,
 };
@@ -122,7 +124,9 @@ impl<S: Store + SoloRuns> Pipeline<S> {
                 let record = self
                     .dead_letter_record(delivery, reason, &error, attempts)
                     .apply_to(&headers::copy_base(&delivery.properties, false));
-                let properties = self.seal(port, dead_letter_copy(record, origin(delivery), gated));
+                let letter = self.letter_id(delivery);
+                let copy = dead_letter_copy(record, origin(delivery), gated, &letter);
+                let properties = self.seal(port, copy);
                 let target = self.config.dead_letter_queue();
                 if self
                     .copy_then_ack(port, delivery, &target, properties)
@@ -309,6 +313,28 @@ impl<S: Store + SoloRuns> Pipeline<S> {
             queue: self.config.queue.clone(),
             first_failure: None,
             last_failure: Some(chrono::Utc::now()),
+        }
+    }
+
+    /// The id of the dead letter `delivery` makes: from the consumer, its
+    /// message id and the replay that sent it (a signed header, so trusted
+    /// here), or from its content if it has no message id.
+    fn letter_id(&self, delivery: &Delivery) -> String {
+        let replay = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| header_str(h, HEADER_REPLAY_ID))
+            .unwrap_or_default();
+        match delivery.message_id() {
+            "" => letter_id_of_content(
+                &self.config.name,
+                &delivery.body,
+                &delivery.exchange,
+                &delivery.routing_key,
+                &replay,
+            ),
+            id => letter_id(&self.config.name, id, &replay),
         }
     }
 

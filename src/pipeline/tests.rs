@@ -266,6 +266,53 @@ async fn permanent_failures_and_invalid_input_are_dead_lettered_at_once() {
     assert_eq!(f.effects().await, 0);
 }
 
+/// One failure is one letter, however often it is dead-lettered (the ack
+/// after the dead-letter confirm lost, the message back); the same message
+/// failing again after a replay is another.
+#[tokio::test]
+async fn a_dead_letter_carries_the_id_of_its_failure() {
+    let f = fixture().await;
+    let failing = Job {
+        permanent: true,
+        ..Job::ok()
+    };
+    let m = Outgoing::new(EVENT, 1, &failing).unwrap();
+    let letter_of = |f: &Fixture| {
+        let copy = f.copy_from("q.dead-letter");
+        let headers = copy.properties.headers().clone().unwrap();
+        crate::amqp::header_str(&headers, crate::headers::HEADER_LETTER_ID)
+            .unwrap()
+            .into_owned()
+    };
+    f.run(f.delivery(m.body(), m.properties(), false)).await;
+    let first = letter_of(&f);
+    assert_eq!(
+        first,
+        crate::dead_letter::letter_id("c", &m.meta().message_id, "")
+    );
+    f.run(f.delivery(m.body(), m.properties(), true)).await;
+    assert_eq!(
+        letter_of(&f),
+        first,
+        "the same failure, dead-lettered again"
+    );
+
+    // A replay signs its id onto the copy.
+    let mut headers = m.properties().headers().clone().unwrap_or_default();
+    headers.insert(
+        crate::headers::HEADER_REPLAY_ID.into(),
+        crate::amqp::text("r-1"),
+    );
+    f.pipeline.signer().sign(&m.meta().message_id, &mut headers);
+    f.run(f.delivery(m.body(), m.properties().with_headers(headers), false))
+        .await;
+    assert_eq!(
+        letter_of(&f),
+        crate::dead_letter::letter_id("c", &m.meta().message_id, "r-1"),
+        "failed again after a replay: another letter"
+    );
+}
+
 #[tokio::test]
 async fn a_panic_is_a_transient_failure() {
     let f = fixture().await;
