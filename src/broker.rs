@@ -20,7 +20,7 @@ mod port;
 mod publisher;
 pub mod ring;
 
-pub(crate) use port::{Delivery, Port, Subscription};
+pub(crate) use port::{Amqp, Delivery, Port, Subscription};
 pub use publisher::{BatchItem, Publisher};
 
 use crate::tls::{TlsError, TlsOptions};

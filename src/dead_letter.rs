@@ -1,10 +1,14 @@
 //! Dead letters: the record a dead-lettered copy carries (`record`), and the
 //! operators' tools on a dead-letter queue (`queue`).
 
+mod fingerprint;
 mod identity;
+mod ingest;
 mod queue;
 mod record;
 
+pub use fingerprint::{error_shape, fingerprint};
 pub use identity::{letter_id, letter_id_of_content};
+pub use ingest::{DEFAULT_MAX_STORED_BODY, Ingester, REDACTED, unstored_queue_name};
 pub use queue::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use record::DeadLetterInfo;

@@ -148,8 +148,9 @@ pub mod version;
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
-        DeadLetter, DeadLetterInfo, DeadLetterQueue, ReplayReport, Replayed, Selection, letter_id,
-        letter_id_of_content,
+        DEFAULT_MAX_STORED_BODY, DeadLetter, DeadLetterInfo, DeadLetterQueue, Ingester, REDACTED,
+        ReplayReport, Replayed, Selection, error_shape, fingerprint, letter_id,
+        letter_id_of_content, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

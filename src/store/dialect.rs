@@ -234,6 +234,29 @@ pub trait SqlDialect: Database {
     /// the begin costs no round trip of its own.
     const BEGIN_TAKES_MORE: bool = false;
 
+    /// Stores a dead letter, binding in order: letter id, consumer, queue,
+    /// message id, event type, correlation id, replay id, reason, error,
+    /// attempts, original exchange, original routing key, first failure,
+    /// last failure, fingerprint, group key, headers, properties, body, body
+    /// truncated, payload (JSON text or NULL), redacted fields, entity,
+    /// entity version (NULL if none), state. One stored before with
+    /// the same id is left alone: nothing inserted, or (a dialect without
+    /// `ON CONFLICT`) a refused-claim error ([`is_refused_claim`](Self::is_refused_claim)).
+    const INSERT_DEAD_LETTER: &'static str;
+
+    /// The size of `warren_dead_letters` with its indexes, in bytes, one
+    /// value (NULL if unknown); `None` where the database cannot say.
+    const DEAD_LETTER_BYTES: Option<&'static str>;
+
+    /// The condition that a letter's payload has the top-level `field` equal
+    /// to `value` (as text, or as a number where `value` reads as one), its
+    /// placeholders taken from `next`; with the values to bind, in order.
+    fn payload_condition(
+        next: &mut dyn FnMut() -> String,
+        field: &str,
+        value: &str,
+    ) -> (String, Vec<String>);
+
     /// Where a lock timeout set by [`lock_timeout_sql`](Self::lock_timeout_sql)
     /// outlives the transaction (a session variable), what puts the session's
     /// own back; run before the transaction ends, so that the pooled
@@ -344,6 +367,20 @@ pub(crate) fn arity_in_order(sql: &str) -> usize {
     first_seen.len()
 }
 
+/// The SQL/JSON path of a payload field: `customerId`, or a dotted path into
+/// nested objects (`card.number`), each step quoted so that no name is read
+/// as path syntax.
+pub(crate) fn json_path(field: &str) -> String {
+    let mut path = String::from("$");
+    for step in field.split('.') {
+        path.push_str(&format!(
+            ".\"{}\"",
+            step.replace('\\', "\\\\").replace('"', "\\\"")
+        ));
+    }
+    path
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,13 +410,19 @@ mod tests {
     #[test]
     fn postgres_statements_bind_what_the_shared_code_binds() {
         check_statements::<sqlx::Postgres>();
-        super::super::migrations::check_list(&sqlx::Postgres::MIGRATIONS, &[2, 1, 3, 2, 1, 3, 4]);
+        super::super::migrations::check_list(
+            &sqlx::Postgres::MIGRATIONS,
+            &[2, 1, 3, 2, 1, 3, 4, 18],
+        );
     }
 
     #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_statements_bind_what_the_shared_code_binds() {
         check_statements::<sqlx::Sqlite>();
-        super::super::migrations::check_list(&sqlx::Sqlite::MIGRATIONS, &[2, 1, 3, 1, 2, 1, 3, 5]);
+        super::super::migrations::check_list(
+            &sqlx::Sqlite::MIGRATIONS,
+            &[2, 1, 3, 1, 2, 1, 3, 5, 17],
+        );
     }
 }

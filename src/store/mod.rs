@@ -36,6 +36,7 @@ macro_rules! store_trait {
 }
 
 mod capabilities;
+mod dead_letters;
 mod dialect;
 mod error;
 mod inbox;
@@ -51,6 +52,10 @@ pub(crate) mod sqlite;
 pub(crate) mod tx;
 
 pub use capabilities::{ConsumerStore, Lease, LeaseStep, Leases, Retention, SigningKey, SoloRuns};
+pub use dead_letters::{
+    Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
+    GroupMute, LetterFilter, LetterState, NewDeadLetter, PageAfter, StoredDeadLetter,
+};
 pub use error::{StoreError, is_connection_error, is_lock_conflict, is_permanent_data_error};
 pub use inbox::{InboxEntry, Store};
 pub use outbox::{OutboxCounts, OutboxListener, OutboxStore};

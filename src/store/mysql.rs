@@ -220,6 +220,11 @@ impl SqlDialect for MySql {
                 name: "solo runs",
                 sql: include_str!("migrations/mysql/0006_solo_runs.sql"),
             },
+            Migration {
+                version: 7,
+                name: "dead letters",
+                sql: include_str!("migrations/mysql/0007_dead_letters.sql"),
+            },
         ],
     };
 
@@ -243,6 +248,31 @@ impl SqlDialect for MySql {
     async fn check_before_commit(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         conn.execute(sqlx::raw_sql(CHECK_MARK)).await?;
         Ok(())
+    }
+
+    const DEAD_LETTER_BYTES: Option<&'static str> = Some(
+        "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables
+         WHERE table_schema = DATABASE() AND table_name = 'warren_dead_letters'",
+    );
+
+    const INSERT_DEAD_LETTER: &'static str = "INSERT INTO warren_dead_letters (letter_id, consumer_name, queue_name, message_id, event_type, correlation_id, replay_id, reason, error, attempts, original_exchange, original_routing_key, first_failure, last_failure, fingerprint, group_key, headers, properties, body, body_truncated, payload, redacted_fields, entity, entity_version, state)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+    /// No index: a scan of the letters the other filters leave.
+    fn payload_condition(
+        next: &mut dyn FnMut() -> String,
+        field: &str,
+        value: &str,
+    ) -> (String, Vec<String>) {
+        let sql = format!(
+            "JSON_UNQUOTE(JSON_EXTRACT(payload, {})) = {}",
+            next(),
+            next()
+        );
+        (
+            sql,
+            vec![super::dialect::json_path(field), value.to_owned()],
+        )
     }
 
     fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {

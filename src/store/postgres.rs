@@ -230,6 +230,11 @@ impl SqlDialect for Postgres {
                 name: "solo runs",
                 sql: include_str!("migrations/postgres/0007_solo_runs.sql"),
             },
+            Migration {
+                version: 8,
+                name: "dead letters",
+                sql: include_str!("migrations/postgres/0008_dead_letters.sql"),
+            },
         ],
     };
 
@@ -264,6 +269,43 @@ impl SqlDialect for Postgres {
     /// before PostgreSQL would look for one.
     /// sqlx begins a PostgreSQL transaction with a simple query.
     const BEGIN_TAKES_MORE: bool = true;
+
+    const DEAD_LETTER_BYTES: Option<&'static str> =
+        Some("SELECT pg_total_relation_size('warren_dead_letters')::BIGINT");
+
+    const INSERT_DEAD_LETTER: &'static str = "INSERT INTO warren_dead_letters (letter_id, consumer_name, queue_name, message_id, event_type, correlation_id, replay_id, reason, error, attempts, original_exchange, original_routing_key, first_failure, last_failure, fingerprint, group_key, headers, properties, body, body_truncated, payload, redacted_fields, entity, entity_version, state)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                 $19, $20, $21::jsonb, $22, $23, $24, $25)
+         ON CONFLICT (letter_id) DO NOTHING";
+
+    /// Containment (`@>`), which the payload's GIN index serves; a dotted
+    /// field nests one object per step.
+    fn payload_condition(
+        next: &mut dyn FnMut() -> String,
+        field: &str,
+        value: &str,
+    ) -> (String, Vec<String>) {
+        let steps: Vec<&str> = field.split('.').collect();
+        let mut contains = |leaf: &str| {
+            let keys: Vec<String> = steps.iter().map(|_| next()).collect();
+            let mut object = leaf.replace("{}", &next());
+            for key in keys.iter().rev() {
+                object = format!("jsonb_build_object({key}::text, {object})");
+            }
+            format!("payload @> {object}")
+        };
+        let mut binds: Vec<String> = steps.iter().map(|s| (*s).to_owned()).collect();
+        binds.push(value.to_owned());
+        let text = contains("{}::text");
+        if value.parse::<f64>().is_ok_and(f64::is_finite) {
+            let number = contains("({})::numeric");
+            binds.extend(steps.iter().map(|s| (*s).to_owned()));
+            binds.push(value.to_owned());
+            (format!("({text} OR {number})"), binds)
+        } else {
+            (text, binds)
+        }
+    }
 
     fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {
         lock_timeout.map(|t| format!("SET LOCAL lock_timeout = {}", t.as_millis().max(1)))

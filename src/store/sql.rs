@@ -227,6 +227,10 @@ macro_rules! shared_impl {
             Vec<u8>: Type<D> + for<'r> Decode<'r, D>,
             for<'s> &'s str: Encode<'s, D> + Type<D>,
             for<'s> Option<&'s str>: Encode<'s, D> + Type<D>,
+            Option<i64>: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
+            Option<D::Time>: for<'q> Encode<'q, D> + Type<D>,
+            for<'s> &'s [u8]: Encode<'s, D> + Type<D>,
+            bool: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
             usize: ColumnIndex<D::Row>,
         {
             $($body)*
@@ -234,7 +238,8 @@ macro_rules! shared_impl {
     };
 }
 
-// After the macro: the outbox half uses it too.
+// After the macro: the outbox half and the dead letters use it too.
+mod dead_letters;
 mod outbox;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) use outbox::insert_outbox;

@@ -239,6 +239,11 @@ impl SqlDialect for Sqlite {
                 name: "solo runs",
                 sql: include_str!("migrations/sqlite/0008_solo_runs.sql"),
             },
+            Migration {
+                version: 9,
+                name: "dead letters",
+                sql: include_str!("migrations/sqlite/0009_dead_letters.sql"),
+            },
         ],
     };
 
@@ -257,6 +262,31 @@ impl SqlDialect for Sqlite {
 
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    /// SQLite keeps no per-table size without the optional `dbstat` table.
+    const DEAD_LETTER_BYTES: Option<&'static str> = None;
+
+    const INSERT_DEAD_LETTER: &'static str = "INSERT INTO warren_dead_letters (letter_id, consumer_name, queue_name, message_id, event_type, correlation_id, replay_id, reason, error, attempts, original_exchange, original_routing_key, first_failure, last_failure, fingerprint, group_key, headers, properties, body, body_truncated, payload, redacted_fields, entity, entity_version, state)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+                 ?19, ?20, ?21, ?22, ?23, ?24, ?25)
+         ON CONFLICT (letter_id) DO NOTHING";
+
+    /// No index: a scan of the letters the other filters leave.
+    fn payload_condition(
+        next: &mut dyn FnMut() -> String,
+        field: &str,
+        value: &str,
+    ) -> (String, Vec<String>) {
+        let sql = format!(
+            "CAST(json_extract(payload, {}) AS TEXT) = {}",
+            next(),
+            next()
+        );
+        (
+            sql,
+            vec![super::dialect::json_path(field), value.to_owned()],
+        )
     }
 
     /// A failed statement in SQLite undoes only itself; the transaction stays

@@ -17,6 +17,7 @@ pub trait Backend: warren::store::Dialect {
     type S: warren::store::OutboxStore
         + warren::store::ConsumerStore
         + warren::store::Retention
+        + warren::store::DeadLetterStore
         + Store<Db = Self>;
     const NAME: &'static str;
     /// A fresh, private database with warren migrated and the effects table.

@@ -1,0 +1,594 @@
+//! The dead-letter store on every SQL dialect: the statements are built here
+//! once, with the dialect's placeholders, and what differs between databases
+//! (the insert that leaves a stored letter alone, the payload search) is the
+//! dialect's.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::super::dead_letters::{
+    Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
+    GroupMute, LetterFilter, LetterState, NewDeadLetter, PageAfter, StoredDeadLetter,
+};
+use super::*;
+
+/// The columns of a listed letter, in the order [`listed`] reads them.
+const LISTED: &str = "letter_id, consumer_name, queue_name, message_id, event_type, \
+     correlation_id, replay_id, reason, error, attempts, original_exchange, \
+     original_routing_key, first_failure, last_failure, group_key, state, body_truncated";
+
+/// A value bound into a statement built at run time.
+enum Bind<D: Dialect> {
+    Text(String),
+    Time(D::Time),
+    Int(i64),
+    Bool(bool),
+    OptTime(Option<D::Time>),
+    OptInt(Option<i64>),
+}
+
+/// A statement's `WHERE` clause, built a condition at a time with the
+/// dialect's placeholders, and the values to bind in order.
+struct Conditions<D: Dialect> {
+    sql: Vec<String>,
+    binds: Vec<Bind<D>>,
+}
+
+impl<D: Dialect> Conditions<D> {
+    fn new() -> Self {
+        Self {
+            sql: Vec::new(),
+            binds: Vec::new(),
+        }
+    }
+
+    /// The placeholder of the next value to bind.
+    fn next(&self) -> String {
+        D::numbered_placeholder(self.binds.len() + 1).unwrap_or_else(|| "?".to_owned())
+    }
+
+    fn push(&mut self, column_op: &str, value: Bind<D>) {
+        let placeholder = self.next();
+        self.sql.push(format!("{column_op} {placeholder}"));
+        self.binds.push(value);
+    }
+
+    fn of(filter: &LetterFilter) -> Self {
+        let mut c = Self::new();
+        c.filter(filter);
+        c
+    }
+
+    /// A value bound outside the `WHERE` clause (a `SET`, a `LIMIT`): its
+    /// placeholder.
+    fn value(&mut self, value: Bind<D>) -> String {
+        let placeholder = self.next();
+        self.binds.push(value);
+        placeholder
+    }
+
+    fn filter(&mut self, filter: &LetterFilter) {
+        let c = self;
+        c.push("state =", Bind::Text(filter.state.as_str().to_owned()));
+        let texts = [
+            ("consumer_name =", &filter.consumer),
+            ("event_type =", &filter.event_type),
+            ("reason =", &filter.reason),
+            ("group_key =", &filter.group),
+            ("message_id =", &filter.message_id),
+            ("correlation_id =", &filter.correlation_id),
+            ("letter_id =", &filter.letter_id),
+        ];
+        for (column_op, value) in texts {
+            if let Some(v) = value {
+                c.push(column_op, Bind::Text(v.clone()));
+            }
+        }
+        if let Some(t) = filter.since {
+            c.push("last_failure >=", Bind::Time(D::time(t)));
+        }
+        if let Some(t) = filter.until {
+            c.push("last_failure <", Bind::Time(D::time(t)));
+        }
+        if let Some((field, value)) = &filter.payload_field {
+            let mut n = c.binds.len();
+            let mut next = || {
+                n += 1;
+                D::numbered_placeholder(n).unwrap_or_else(|| "?".to_owned())
+            };
+            let (sql, binds) = D::payload_condition(&mut next, field, value);
+            c.sql.push(sql);
+            c.binds.extend(binds.into_iter().map(Bind::Text));
+        }
+    }
+
+    fn where_clause(&self) -> String {
+        format!("WHERE {}", self.sql.join(" AND "))
+    }
+}
+
+/// Binds `binds` to `query`, in order.
+macro_rules! bind_all {
+    ($query:expr, $binds:expr) => {{
+        let mut query = $query;
+        for bind in $binds {
+            query = match bind {
+                Bind::Text(v) => query.bind(v),
+                Bind::Time(v) => query.bind(v),
+                Bind::Int(v) => query.bind(v),
+                Bind::Bool(v) => query.bind(v),
+                Bind::OptTime(v) => query.bind(v),
+                Bind::OptInt(v) => query.bind(v),
+            };
+        }
+        query
+    }};
+}
+
+shared_impl! {
+    impl DeadLetterStore {
+        async fn store_dead_letter<'a>(&'a self, l: &'a NewDeadLetter) -> Result<bool, StoreError> {
+            let _turn = self.write_turn().await?;
+            let done = sqlx::query(D::INSERT_DEAD_LETTER)
+                .bind(l.letter_id.as_str())
+                .bind(l.consumer.as_str())
+                .bind(l.queue.as_str())
+                .bind(l.message_id.as_str())
+                .bind(l.event_type.as_str())
+                .bind(l.correlation_id.as_str())
+                .bind(l.replay_id.as_str())
+                .bind(l.reason.as_str())
+                .bind(l.error.as_str())
+                .bind(i64::from(l.attempts))
+                .bind(l.original_exchange.as_str())
+                .bind(l.original_routing_key.as_str())
+                .bind(D::time(l.first_failure))
+                .bind(D::time(l.last_failure))
+                .bind(l.fingerprint.as_str())
+                .bind(l.fingerprint.as_str())
+                .bind(l.headers.as_str())
+                .bind(l.properties.as_str())
+                .bind(l.body.as_slice())
+                .bind(l.body_truncated)
+                .bind(l.payload.as_deref())
+                .bind(l.redacted_fields.as_str())
+                .bind(l.entity.as_str())
+                .bind(l.entity_version)
+                .bind(LetterState::Unresolved.as_str())
+                .execute(&self.pool)
+                .await;
+            match done {
+                Ok(done) => Ok(D::rows_affected(&done) == 1),
+                Err(e) if D::is_refused_claim(&e) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        }
+
+        async fn dead_letter_groups<'a>(
+            &'a self,
+            filter: &'a LetterFilter,
+            limit: u32,
+        ) -> Result<Vec<DeadLetterGroup>, StoreError> {
+            let mut c = Conditions::<D>::of(filter);
+            let limit_ph = c.next();
+            c.binds.push(Bind::Int(i64::from(limit)));
+            let sql = format!(
+                "SELECT group_key, MIN(reason), MIN(event_type), COUNT(*), MIN(first_failure),
+                        MAX(last_failure), MIN(error)
+                 FROM warren_dead_letters {}
+                 GROUP BY group_key
+                 ORDER BY COUNT(*) DESC, MAX(last_failure) DESC
+                 LIMIT {limit_ph}",
+                c.where_clause()
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(DeadLetterGroup {
+                        group_key: row.try_get(0)?,
+                        reason: row.try_get(1)?,
+                        event_type: row.try_get(2)?,
+                        count: u64::try_from(row.try_get::<i64, _>(3)?).unwrap_or(0),
+                        first_seen: time_of::<D>(row.try_get(4)?)?,
+                        last_seen: time_of::<D>(row.try_get(5)?)?,
+                        sample_error: row.try_get(6)?,
+                    })
+                })
+                .collect()
+        }
+
+        async fn dead_letters<'a>(
+            &'a self,
+            filter: &'a LetterFilter,
+            after: Option<&'a PageAfter>,
+            limit: u32,
+        ) -> Result<Vec<StoredDeadLetter>, StoreError> {
+            let mut c = Conditions::<D>::of(filter);
+            if let Some(after) = after {
+                // Newest first: the page goes on below the last letter shown.
+                let t1 = c.next();
+                c.binds.push(Bind::Time(D::time(after.last_failure)));
+                let t2 = c.next();
+                c.binds.push(Bind::Time(D::time(after.last_failure)));
+                let id = c.next();
+                c.binds.push(Bind::Text(after.letter_id.clone()));
+                c.sql.push(format!(
+                    "(last_failure < {t1} OR (last_failure = {t2} AND letter_id < {id}))"
+                ));
+            }
+            let limit_ph = c.next();
+            c.binds.push(Bind::Int(i64::from(limit)));
+            let sql = format!(
+                "SELECT {LISTED} FROM warren_dead_letters {}
+                 ORDER BY last_failure DESC, letter_id DESC
+                 LIMIT {limit_ph}",
+                c.where_clause()
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter().map(|row| listed::<D>(row)).collect()
+        }
+
+        async fn dead_letter<'a>(
+            &'a self,
+            letter_id: &'a str,
+        ) -> Result<Option<DeadLetterRecord>, StoreError> {
+            let mut c = Conditions::<D>::new();
+            c.push("letter_id =", Bind::Text(letter_id.to_owned()));
+            let sql = format!(
+                "SELECT {LISTED}, headers, properties, body FROM warren_dead_letters {}",
+                c.where_clause()
+            );
+            let row = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_optional(&self.pool)
+                .await?;
+            row.map(|row| {
+                Ok(DeadLetterRecord {
+                    letter: listed::<D>(&row)?,
+                    headers: row.try_get(17)?,
+                    properties: row.try_get(18)?,
+                    body: row.try_get(19)?,
+                })
+            })
+            .transpose()
+        }
+
+        async fn resolve_dead_letters<'a>(
+            &'a self,
+            filter: &'a LetterFilter,
+            actor: &'a Actor,
+        ) -> Result<u64, StoreError> {
+            let mut c = Conditions::<D>::new();
+            let state = c.value(Bind::Text(LetterState::Resolved.as_str().to_owned()));
+            let at = c.value(Bind::Time(D::time(Utc::now())));
+            c.filter(filter);
+            let sql = format!(
+                "UPDATE warren_dead_letters SET state = {state}, state_changed_at = {at} {}",
+                c.where_clause()
+            );
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            let n = D::rows_affected(&done);
+            audit_in::<D>(&mut tx, actor, "resolve", &filter.describe(), &format!("{n} letters"), false)
+                .await?;
+            tx.commit().await?;
+            Ok(n)
+        }
+
+        async fn reclassify_dead_letters<'a>(
+            &'a self,
+            filter: &'a LetterFilter,
+            group: &'a str,
+            actor: &'a Actor,
+        ) -> Result<u64, StoreError> {
+            let mut c = Conditions::<D>::new();
+            let to = c.value(Bind::Text(group.to_owned()));
+            c.filter(filter);
+            let sql = format!(
+                "UPDATE warren_dead_letters SET group_key = {to} {}",
+                c.where_clause()
+            );
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            let n = D::rows_affected(&done);
+            let detail = format!("{n} letters moved to group {group}");
+            audit_in::<D>(&mut tx, actor, "reclassify", &filter.describe(), &detail, false).await?;
+            tx.commit().await?;
+            Ok(n)
+        }
+
+        async fn mute_group<'a>(
+            &'a self,
+            group: &'a str,
+            until: Option<DateTime<Utc>>,
+            grow_limit: Option<u64>,
+            reason: &'a str,
+            actor: &'a Actor,
+        ) -> Result<GroupMute, StoreError> {
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let mut c = Conditions::<D>::new();
+            c.push("state =", Bind::Text(LetterState::Unresolved.as_str().to_owned()));
+            c.push("group_key =", Bind::Text(group.to_owned()));
+            let sql = format!("SELECT COUNT(*) FROM warren_dead_letters {}", c.where_clause());
+            let count: i64 = bind_all!(sqlx::query_scalar(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_one(&mut *tx)
+                .await?;
+            let mut c = Conditions::<D>::new();
+            c.push("group_key =", Bind::Text(group.to_owned()));
+            let sql = format!("DELETE FROM warren_dead_letter_mutes {}", c.where_clause());
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            let mut c = Conditions::<D>::new();
+            let values = [
+                c.value(Bind::Text(group.to_owned())),
+                c.value(Bind::OptTime(until.map(D::time))),
+                c.value(Bind::OptInt(grow_limit.map(saturating_i64))),
+                c.value(Bind::Int(count)),
+                c.value(Bind::Text(actor.operator.clone())),
+                c.value(Bind::Text(reason.to_owned())),
+                c.value(Bind::Time(D::time(Utc::now()))),
+            ];
+            let sql = format!(
+                "INSERT INTO warren_dead_letter_mutes
+                     (group_key, muted_until, grow_limit, count_at_mute, muted_by, reason, muted_at)
+                 VALUES ({})",
+                values.join(", ")
+            );
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            let mute = GroupMute {
+                group_key: group.to_owned(),
+                until,
+                grow_limit,
+                count_at_mute: u64::try_from(count).unwrap_or(0),
+                reason: reason.to_owned(),
+            };
+            let detail = format!(
+                "until {}, or {} more letters; {count} letters now; {reason}",
+                until.map_or_else(|| "lifted".to_owned(), |t| t.to_rfc3339()),
+                grow_limit.map_or_else(|| "any number of".to_owned(), |g| g.to_string()),
+            );
+            audit_in::<D>(&mut tx, actor, "mute", group, &detail, false).await?;
+            tx.commit().await?;
+            Ok(mute)
+        }
+
+        async fn unmute_group<'a>(&'a self, group: &'a str, actor: &'a Actor) -> Result<bool, StoreError> {
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let mut c = Conditions::<D>::new();
+            c.push("group_key =", Bind::Text(group.to_owned()));
+            let sql = format!("DELETE FROM warren_dead_letter_mutes {}", c.where_clause());
+            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            let was = D::rows_affected(&done) > 0;
+            if was {
+                audit_in::<D>(&mut tx, actor, "unmute", group, "", false).await?;
+            }
+            tx.commit().await?;
+            Ok(was)
+        }
+
+        async fn group_mutes(&self) -> Result<Vec<GroupMute>, StoreError> {
+            let rows = sqlx::query(
+                "SELECT group_key, muted_until, grow_limit, count_at_mute, reason
+                 FROM warren_dead_letter_mutes ORDER BY group_key",
+            )
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(GroupMute {
+                        group_key: row.try_get(0)?,
+                        until: row.try_get::<Option<D::Time>, _>(1)?.map(time_of::<D>).transpose()?,
+                        grow_limit: row
+                            .try_get::<Option<i64>, _>(2)?
+                            .map(|g| u64::try_from(g).unwrap_or(0)),
+                        count_at_mute: u64::try_from(row.try_get::<i64, _>(3)?).unwrap_or(0),
+                        reason: row.try_get(4)?,
+                    })
+                })
+                .collect()
+        }
+
+        async fn purge_dead_letters(
+            &self,
+            state: LetterState,
+            before: DateTime<Utc>,
+            limit: u32,
+        ) -> Result<u64, StoreError> {
+            let mut c = Conditions::<D>::new();
+            c.push("state =", Bind::Text(state.as_str().to_owned()));
+            c.push("state_changed_at <", Bind::Time(D::time(before)));
+            let limit = c.value(Bind::Int(i64::from(limit)));
+            // The doomed ids through a derived table: MySQL takes no LIMIT in
+            // an IN subquery, nor a subquery on the table it deletes from.
+            let sql = format!(
+                "DELETE FROM warren_dead_letters WHERE letter_id IN (
+                     SELECT letter_id FROM (
+                         SELECT letter_id FROM warren_dead_letters {} LIMIT {limit}) doomed)",
+                c.where_clause()
+            );
+            let _turn = self.write_turn().await?;
+            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&self.pool)
+                .await?;
+            Ok(D::rows_affected(&done))
+        }
+
+        async fn audit<'a>(
+            &'a self,
+            actor: &'a Actor,
+            action: &'a str,
+            target: &'a str,
+            detail: &'a str,
+            forced: bool,
+        ) -> Result<(), StoreError> {
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            audit_in::<D>(&mut tx, actor, action, target, detail, forced).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
+            let mut c = Conditions::<D>::new();
+            let limit = c.value(Bind::Int(i64::from(limit)));
+            let sql = format!(
+                "SELECT at, operator, os_user, action, target, detail, forced
+                 FROM warren_audit ORDER BY id DESC LIMIT {limit}"
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(AuditEntry {
+                        at: time_of::<D>(row.try_get(0)?)?,
+                        operator: row.try_get(1)?,
+                        os_user: row.try_get(2)?,
+                        action: row.try_get(3)?,
+                        target: row.try_get(4)?,
+                        detail: row.try_get(5)?,
+                        forced: row.try_get(6)?,
+                    })
+                })
+                .collect()
+        }
+
+        async fn dead_letter_stats(&self) -> Result<DeadLetterStats, StoreError> {
+            let mut c = Conditions::<D>::new();
+            c.push("state =", Bind::Text(LetterState::Unresolved.as_str().to_owned()));
+            let sql = format!(
+                "SELECT group_key, COUNT(*), MIN(last_failure) FROM warren_dead_letters {}
+                 GROUP BY group_key ORDER BY COUNT(*) DESC",
+                c.where_clause()
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            let mut unresolved_by_group = Vec::with_capacity(rows.len());
+            let mut oldest_unresolved: Option<DateTime<Utc>> = None;
+            for row in &rows {
+                let count: i64 = row.try_get(1)?;
+                unresolved_by_group.push((row.try_get(0)?, u64::try_from(count).unwrap_or(0)));
+                let oldest = time_of::<D>(row.try_get(2)?)?;
+                oldest_unresolved = Some(oldest_unresolved.map_or(oldest, |o| o.min(oldest)));
+            }
+            let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM warren_dead_letters")
+                .fetch_one(&self.pool)
+                .await?;
+            let bytes = match D::DEAD_LETTER_BYTES {
+                Some(sql) => sqlx::query_scalar::<_, Option<i64>>(sql)
+                    .fetch_one(&self.pool)
+                    .await?
+                    .and_then(|b| u64::try_from(b).ok()),
+                None => None,
+            };
+            Ok(DeadLetterStats {
+                unresolved_by_group,
+                oldest_unresolved,
+                rows: u64::try_from(rows).unwrap_or(0),
+                bytes,
+            })
+        }
+    }
+}
+
+/// Writes one audit line in `tx`, beside the change it records.
+async fn audit_in<D>(
+    conn: &mut D::Connection,
+    actor: &Actor,
+    action: &str,
+    target: &str,
+    detail: &str,
+    forced: bool,
+) -> Result<(), StoreError>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    i64: for<'q> Encode<'q, D> + Type<D>,
+    String: for<'q> Encode<'q, D> + Type<D>,
+    Option<i64>: for<'q> Encode<'q, D> + Type<D>,
+    Option<D::Time>: for<'q> Encode<'q, D> + Type<D>,
+    bool: for<'q> Encode<'q, D> + Type<D>,
+{
+    let mut c = Conditions::<D>::new();
+    let values = [
+        c.value(Bind::Time(D::time(Utc::now()))),
+        c.value(Bind::Text(actor.operator.clone())),
+        c.value(Bind::Text(actor.os_user.clone())),
+        c.value(Bind::Text(action.to_owned())),
+        c.value(Bind::Text(target.to_owned())),
+        c.value(Bind::Text(detail.to_owned())),
+        c.value(Bind::Bool(forced)),
+    ];
+    let sql = format!(
+        "INSERT INTO warren_audit (at, operator, os_user, action, target, detail, forced)
+         VALUES ({})",
+        values.join(", ")
+    );
+    bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// `n` as a stored count; counts past `i64::MAX` do not occur.
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A listed letter, from the columns of [`LISTED`].
+fn listed<D>(row: &D::Row) -> Result<StoredDeadLetter, StoreError>
+where
+    D: Dialect,
+    i64: for<'r> Decode<'r, D> + Type<D>,
+    String: for<'r> Decode<'r, D> + Type<D>,
+    bool: for<'r> Decode<'r, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+{
+    let state: String = row.try_get(15)?;
+    Ok(StoredDeadLetter {
+        letter_id: row.try_get(0)?,
+        consumer: row.try_get(1)?,
+        queue: row.try_get(2)?,
+        message_id: row.try_get(3)?,
+        event_type: row.try_get(4)?,
+        correlation_id: row.try_get(5)?,
+        replay_id: row.try_get(6)?,
+        reason: row.try_get(7)?,
+        error: row.try_get(8)?,
+        attempts: u32::try_from(row.try_get::<i64, _>(9)?).unwrap_or(0),
+        original_exchange: row.try_get(10)?,
+        original_routing_key: row.try_get(11)?,
+        first_failure: time_of::<D>(row.try_get(12)?)?,
+        last_failure: time_of::<D>(row.try_get(13)?)?,
+        group_key: row.try_get(14)?,
+        state: LetterState::from_name(&state).ok_or_else(|| {
+            StoreError::Config(format!(
+                "warren_dead_letters holds an unknown state {state:?}"
+            ))
+        })?,
+        body_truncated: row.try_get(16)?,
+    })
+}
+
+/// A stored time, or an error naming it: warren writes every time it reads.
+fn time_of<D: Dialect>(t: D::Time) -> Result<DateTime<Utc>, StoreError> {
+    D::parse_time(t).ok_or_else(|| StoreError::Config("a stored time does not read as one".into()))
+}

@@ -1,0 +1,428 @@
+//! The dead-letter store: letters moved off the dead-letter queue into the
+//! database once each, grouped by cause, found by every filter, and changed
+//! only with an audit line.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use warren::admin::{Ingester, unstored_queue_name};
+use warren::lapin::BasicProperties;
+use warren::store::{Actor, DeadLetterStore, LetterFilter, LetterState, PageAfter};
+use warren::{Consumer, ConsumerConfig};
+
+use crate::util::{Backend, Job, Mode, Running, TestBroker, amqp_url, routes, wait_for};
+
+on_all_backends!(
+    dead_letters_are_stored_once_grouped_and_found,
+    a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
+);
+
+/// An ingester running in the background of a test.
+struct Ingesting {
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<Result<(), warren::Error>>,
+}
+
+impl Ingesting {
+    fn start<S>(ingester: Ingester<S>) -> Self
+    where
+        S: DeadLetterStore + warren::store::SigningKey + Send + Sync + 'static,
+    {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            ingester
+                .run(&amqp_url(), async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self { stop, handle }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.handle)
+            .await
+            .expect("the ingester stops within 30 s")
+            .expect("the ingester task does not panic")
+            .expect("the ingester ends without an error");
+    }
+}
+
+async fn stored<B: Backend>(store: &B::S, filter: &LetterFilter) -> usize {
+    store.dead_letters(filter, None, 1000).await.unwrap().len()
+}
+
+async fn wait_stored<B: Backend>(store: &B::S, n: usize) -> bool {
+    wait_for(Duration::from_secs(60), || async {
+        stored::<B>(store, &LetterFilter::default()).await >= n
+    })
+    .await
+}
+
+async fn dead_letters_are_stored_once_grouped_and_found<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    broker.track_queue(&unstored_queue_name(config.queue()));
+
+    let refused: Vec<_> = (0..3)
+        .map(|_| TestBroker::message(&Job::with(Mode::Permanent)))
+        .collect();
+    for m in &refused {
+        broker.publish(m).await;
+    }
+    let json = || BasicProperties::default().with_content_type("application/json".into());
+    for n in 0..2 {
+        let id = format!("bad-json-{n}-{}", uuid::Uuid::now_v7());
+        broker
+            .publish_raw(b"{\"messageId\": ", json().with_message_id(id.into()))
+            .await;
+    }
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(5, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+    // A letter the broker made itself (no warren record, no message id).
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &broker.dead_letter_queue(),
+            b"expired, say",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap();
+
+    let ingesting = Ingesting::start(Ingester::new(db.store.clone(), &config));
+    assert!(wait_stored::<B>(&db.store, 6).await, "six letters stored");
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            broker.ready(&broker.dead_letter_queue()).await == 0
+        })
+        .await,
+        "each letter is acked once stored"
+    );
+
+    // One group per cause, the largest first.
+    let groups = db
+        .store
+        .dead_letter_groups(&LetterFilter::default(), 10)
+        .await
+        .unwrap();
+    let shape: Vec<(u64, &str)> = groups
+        .iter()
+        .map(|g| (g.count, g.reason.as_str()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (3, "permanent-failure"),
+            (2, "invalid-json"),
+            (1, "unknown")
+        ],
+        "{groups:?}"
+    );
+    assert_eq!(groups[0].event_type, crate::util::EVENT);
+    assert_eq!(groups[0].sample_error, "the job says it can never succeed");
+
+    // Every filter narrows.
+    let by = |f: &dyn Fn(&mut LetterFilter)| {
+        let mut filter = LetterFilter::default();
+        f(&mut filter);
+        filter
+    };
+    let permanent = refused[0].meta().message_id.clone();
+    let one = LetterFilter {
+        message_id: Some(permanent.clone()),
+        ..LetterFilter::default()
+    };
+    assert_eq!(stored::<B>(&db.store, &one).await, 1);
+    let correlated = LetterFilter {
+        correlation_id: Some(refused[1].meta().correlation_id.clone()),
+        ..LetterFilter::default()
+    };
+    assert_eq!(stored::<B>(&db.store, &correlated).await, 1);
+    let cases = [
+        (by(&|f| f.reason = Some("invalid-json".into())), 2),
+        (by(&|f| f.event_type = Some(crate::util::EVENT.into())), 3),
+        (by(&|f| f.group = Some(groups[1].group_key.clone())), 2),
+        (
+            by(&|f| f.payload_field = Some(("mode.kind".into(), "permanent".into()))),
+            3,
+        ),
+        (
+            by(&|f| f.payload_field = Some(("delay_ms".into(), "0".into()))),
+            3,
+        ),
+        (
+            by(&|f| f.payload_field = Some(("delay_ms".into(), "1".into()))),
+            0,
+        ),
+        (
+            by(&|f| f.since = Some(Utc::now() - chrono::Duration::hours(1))),
+            6,
+        ),
+        (
+            by(&|f| f.until = Some(Utc::now() - chrono::Duration::hours(1))),
+            0,
+        ),
+        (by(&|f| f.state = LetterState::Resolved), 0),
+    ];
+    for (filter, n) in cases {
+        assert_eq!(stored::<B>(&db.store, &filter).await, n, "{filter:?}");
+    }
+
+    // Pages follow each other without a gap or an overlap.
+    let mut seen = Vec::new();
+    let mut after: Option<PageAfter> = None;
+    loop {
+        let page = db
+            .store
+            .dead_letters(&LetterFilter::default(), after.as_ref(), 4)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some(PageAfter {
+            last_failure: last.last_failure,
+            letter_id: last.letter_id.clone(),
+        });
+        seen.extend(page.into_iter().map(|l| l.letter_id));
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 6);
+
+    // A letter whole: headers decoded as text, the body as it came.
+    let letter = db
+        .store
+        .dead_letters(&one, None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let record = db
+        .store
+        .dead_letter(&letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let headers: serde_json::Value = serde_json::from_str(&record.headers).unwrap();
+    assert_eq!(headers["x-warren-reason"], "permanent-failure");
+    assert_eq!(headers["x-warren-consumer"], config.name());
+    assert_eq!(record.body, refused[0].body());
+    assert_eq!(record.letter.attempts, 1);
+    assert_eq!(record.letter.original_exchange, broker.exchange);
+
+    // The same letter dead-lettered again (its ack lost) is recognized.
+    let properties: BasicProperties = serde_json::from_str(&record.properties).unwrap();
+    broker
+        .publisher
+        .publish_raw("", &broker.dead_letter_queue(), &record.body, properties)
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            broker.ready(&broker.dead_letter_queue()).await == 0
+        })
+        .await
+    );
+    ingesting.stop().await;
+    assert_eq!(stored::<B>(&db.store, &LetterFilter::default()).await, 6);
+
+    // Changes, each audited.
+    let actor = Actor::new("ana");
+    let single = LetterFilter {
+        letter_id: Some(letter.letter_id.clone()),
+        ..LetterFilter::default()
+    };
+    assert_eq!(
+        db.store
+            .resolve_dead_letters(&single, &actor)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        db.store
+            .resolve_dead_letters(&single, &actor)
+            .await
+            .unwrap(),
+        0
+    );
+    let merged = db
+        .store
+        .reclassify_dead_letters(
+            &by(&|f| f.reason = Some("invalid-json".into())),
+            &groups[0].group_key,
+            &actor,
+        )
+        .await
+        .unwrap();
+    assert_eq!(merged, 2);
+    let after_merge = db
+        .store
+        .dead_letter_groups(&LetterFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(after_merge[0].count, 4, "2 left unresolved + 2 merged in");
+
+    let mute = db
+        .store
+        .mute_group(&groups[0].group_key, None, Some(2), "known outage", &actor)
+        .await
+        .unwrap();
+    assert_eq!(mute.count_at_mute, 4);
+    assert!(mute.holds(6, Utc::now()) && !mute.holds(7, Utc::now()));
+    assert_eq!(db.store.group_mutes().await.unwrap(), vec![mute]);
+    assert!(
+        db.store
+            .unmute_group(&groups[0].group_key, &actor)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !db.store
+            .unmute_group(&groups[0].group_key, &actor)
+            .await
+            .unwrap()
+    );
+
+    let stats = db.store.dead_letter_stats().await.unwrap();
+    assert_eq!(stats.rows, 6);
+    assert_eq!(
+        stats.unresolved_by_group.iter().map(|g| g.1).sum::<u64>(),
+        5
+    );
+    assert!(stats.oldest_unresolved.is_some());
+
+    // Purge takes resolved letters only, and only those resolved long enough.
+    let later = Utc::now() + chrono::Duration::seconds(5);
+    let earlier = Utc::now() - chrono::Duration::hours(1);
+    assert_eq!(
+        db.store
+            .purge_dead_letters(LetterState::Resolved, earlier, 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        db.store
+            .purge_dead_letters(LetterState::Resolved, later, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(stored::<B>(&db.store, &LetterFilter::default()).await, 5);
+
+    let audit = db.store.audit_log(10).await.unwrap();
+    let actions: Vec<&str> = audit.iter().map(|a| a.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        ["unmute", "mute", "reclassify", "resolve", "resolve"]
+    );
+    assert!(
+        audit
+            .iter()
+            .all(|a| a.operator == "ana" && !a.os_user.is_empty())
+    );
+    assert_eq!(audit[3].detail, "0 letters");
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// A body over the stored limit, and text the database refuses (NUL, which
+/// PostgreSQL keeps out of text; a payload JSON refuses): each is stored as
+/// far as it fits, flagged, and kept whole on the side queue.
+async fn a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    let side = unstored_queue_name(config.queue());
+    broker.track_queue(&side);
+    let dead = broker.dead_letter_queue();
+
+    let big = vec![b'x'; 4096];
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &dead,
+            &big,
+            BasicProperties::default().with_message_id("big".into()),
+        )
+        .await
+        .unwrap();
+    let nul_body = br#"{"messageId":"nul\u0000id","payload":{"note":"a\u0000b"}}"#;
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &dead,
+            nul_body,
+            BasicProperties::default()
+                .with_message_id("nul\0id".into())
+                .with_correlation_id("c\0".into()),
+        )
+        .await
+        .unwrap();
+
+    let ingesting =
+        Ingesting::start(Ingester::new(db.store.clone(), &config).with_max_stored_body(1024));
+    assert!(wait_stored::<B>(&db.store, 2).await, "both letters stored");
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            broker.ready(&dead).await == 0
+        })
+        .await
+    );
+    ingesting.stop().await;
+
+    let letters = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 10)
+        .await
+        .unwrap();
+    let big_letter = letters.iter().find(|l| l.message_id == "big").unwrap();
+    assert!(big_letter.body_truncated);
+    let record = db
+        .store
+        .dead_letter(&big_letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.body.len(), 1024, "stored as far as it fits");
+    let odd = letters.iter().find(|l| l.message_id != "big").unwrap();
+    assert!(odd.message_id.starts_with("nul"), "{odd:?}");
+
+    // The originals, whole, on the side queue.
+    let kept = broker.drain(&side).await;
+    let big_kept = kept
+        .iter()
+        .find(|d| d.properties.message_id().as_ref().map(|s| s.as_str()) == Some("big"))
+        .expect("the big letter is kept whole");
+    assert_eq!(big_kept.data, big);
+    if <B as Backend>::NAME == "postgres" {
+        assert!(
+            odd.body_truncated,
+            "PostgreSQL refuses NUL in text: {odd:?}"
+        );
+    }
+    if odd.body_truncated {
+        assert!(
+            kept.iter().any(|d| d.data == nul_body),
+            "the refused letter is kept whole"
+        );
+    }
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
