@@ -6,9 +6,11 @@ mod identity;
 mod ingest;
 mod queue;
 mod record;
+mod replay;
 
 pub use fingerprint::{error_shape, fingerprint};
 pub use identity::{letter_id, letter_id_of_content};
 pub use ingest::{DEFAULT_MAX_STORED_BODY, Ingester, REDACTED, unstored_queue_name};
 pub use queue::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use record::DeadLetterInfo;
+pub use replay::{MAX_REPLAY_RUN, ReplayError, Replayer};

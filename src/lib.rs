@@ -142,15 +142,16 @@ pub mod tls;
 pub mod topology;
 pub mod version;
 
-/// Operator tooling: dead-letter queues (list, show, replay, purge), inbox
+/// Operator tooling: dead-letter queues (list, show, replay, purge), the
+/// dead-letter store (ingestion, replay from the table), inbox
 /// retention, database URLs, and making message-derived text safe to print.
 /// The `warren` binary is built from these.
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
-        DEFAULT_MAX_STORED_BODY, DeadLetter, DeadLetterInfo, DeadLetterQueue, Ingester, REDACTED,
-        ReplayReport, Replayed, Selection, error_shape, fingerprint, letter_id,
-        letter_id_of_content, unstored_queue_name,
+        DEFAULT_MAX_STORED_BODY, DeadLetter, DeadLetterInfo, DeadLetterQueue, Ingester,
+        MAX_REPLAY_RUN, REDACTED, ReplayError, ReplayReport, Replayed, Replayer, Selection,
+        error_shape, fingerprint, letter_id, letter_id_of_content, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

@@ -7,15 +7,19 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use warren::admin::{Ingester, unstored_queue_name};
+use warren::admin::{Ingester, ReplayError, Replayer, unstored_queue_name};
 use warren::lapin::BasicProperties;
 use warren::store::{Actor, DeadLetterStore, LetterFilter, LetterState, PageAfter};
 use warren::{Consumer, ConsumerConfig};
 
-use crate::util::{Backend, Job, Mode, Running, TestBroker, amqp_url, routes, wait_for};
+use crate::util::{
+    Backend, Job, Mode, Running, TestBroker, amqp_url, routes, set_broken, unique, wait_for,
+};
 
 on_all_backends!(
     dead_letters_are_stored_once_grouped_and_found,
+    a_letter_replayed_that_fails_again_is_a_second_letter,
+    an_interrupted_replay_resumes_and_replays_each_letter_once,
     a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
 );
 
@@ -422,6 +426,190 @@ async fn a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside<B: Bac
             "the refused letter is kept whole"
         );
     }
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// A message dead-lettered, replayed from the table and dead-lettered again
+/// is two letters: one per failure. Mended, a replay applies it once.
+async fn a_letter_replayed_that_fails_again_is_a_second_letter<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    broker.track_queue(&unstored_queue_name(config.queue()));
+    let switch = unique("switch");
+    set_broken(&switch, true);
+    let message = TestBroker::message(&Job::with(Mode::PermanentWhileBroken {
+        switch: switch.clone(),
+    }));
+    let id = message.meta().message_id.clone();
+    broker.publish(&message).await;
+
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let ingesting = Ingesting::start(Ingester::new(db.store.clone(), &config));
+    assert!(wait_stored::<B>(&db.store, 1).await);
+
+    let replayer = Replayer::new(
+        db.store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        Actor::new("ana"),
+    );
+    let run = replayer
+        .start(&LetterFilter::default(), None, false)
+        .await
+        .unwrap();
+    assert_eq!(run.total, 1);
+    let done = replayer.resume(&run.run_id, |_| {}).await.unwrap();
+    assert_eq!((done.published, done.state.as_str()), (1, "finished"));
+
+    // Still broken: it fails again, and that failure is a letter of its own.
+    assert!(wait_stored::<B>(&db.store, 1).await);
+    let unresolved = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(unresolved.len(), 1);
+    assert_eq!(unresolved[0].message_id, id);
+    assert_eq!(unresolved[0].replay_id, format!("{}.1", run.run_id));
+    let replayed = LetterFilter {
+        state: LetterState::Replayed,
+        ..LetterFilter::default()
+    };
+    let first = db.store.dead_letters(&replayed, None, 10).await.unwrap();
+    assert_eq!(first.len(), 1, "the first failure is marked replayed");
+    assert_ne!(first[0].letter_id, unresolved[0].letter_id);
+
+    // Mended, the second letter's replay applies it, once.
+    set_broken(&switch, false);
+    let run = replayer
+        .start(&LetterFilter::default(), None, false)
+        .await
+        .unwrap();
+    replayer.resume(&run.run_id, |_| {}).await.unwrap();
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            db.effects_for(&id).await == 1
+        })
+        .await,
+        "the mended replay applies"
+    );
+    assert!(matches!(
+        replayer.start(&LetterFilter::default(), None, false).await,
+        Err(ReplayError::NothingSelected(_))
+    ));
+    ingesting.stop().await;
+    running.stop().await.unwrap();
+    assert_eq!(db.effects_for(&id).await, 1);
+    assert_eq!(stored::<B>(&db.store, &replayed).await, 2);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// A replay run stopped halfway resumes where it stopped; letters older
+/// than the inbox window are refused unless forced, and forcing is audited.
+async fn an_interrupted_replay_resumes_and_replays_each_letter_once<B: Backend>() {
+    const N: usize = 40;
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    broker.track_queue(&unstored_queue_name(config.queue()));
+    let switch = unique("switch");
+    set_broken(&switch, true);
+    let messages: Vec<_> = (0..N)
+        .map(|_| {
+            TestBroker::message(&Job::with(Mode::PermanentWhileBroken {
+                switch: switch.clone(),
+            }))
+        })
+        .collect();
+    for m in &messages {
+        broker.publish(m).await;
+    }
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(N as u64, Duration::from_secs(60)).await);
+    let ingesting = Ingesting::start(Ingester::new(db.store.clone(), &config));
+    assert!(wait_stored::<B>(&db.store, N).await);
+    ingesting.stop().await;
+    set_broken(&switch, false);
+
+    let replayer = std::sync::Arc::new(Replayer::new(
+        db.store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        Actor::new("ana"),
+    ));
+    let too_old = replayer
+        .start(&LetterFilter::default(), Some(Duration::ZERO), false)
+        .await;
+    assert!(
+        matches!(too_old, Err(ReplayError::TooOld { count: N, .. })),
+        "{too_old:?}"
+    );
+    let run = replayer
+        .start(&LetterFilter::default(), Some(Duration::ZERO), true)
+        .await
+        .unwrap();
+    assert_eq!(run.total, N as u64);
+    let audit = db.store.audit_log(1).await.unwrap();
+    assert!(audit[0].forced && audit[0].action == "replay", "{audit:?}");
+
+    // Interrupted: the task is dropped once a few letters went out.
+    let (half, mut halfway) = tokio::sync::mpsc::unbounded_channel();
+    let interrupted = {
+        let replayer = std::sync::Arc::clone(&replayer);
+        let run_id = run.run_id.clone();
+        tokio::spawn(async move {
+            let _ = replayer
+                .resume(&run_id, move |p| {
+                    let _ = half.send(p.seq);
+                })
+                .await;
+        })
+    };
+    while let Some(seq) = halfway.recv().await {
+        if seq >= (N / 2) as u64 {
+            break;
+        }
+    }
+    interrupted.abort();
+    let _ = interrupted.await;
+    let midway = db.store.replay_run(&run.run_id).await.unwrap().unwrap();
+    assert!(
+        midway.published >= (N / 2) as u64 && midway.published < N as u64,
+        "{midway:?}"
+    );
+
+    let done = replayer.resume(&run.run_id, |_| {}).await.unwrap();
+    assert_eq!(
+        (done.published, done.state.as_str()),
+        (N as u64, "finished")
+    );
+    assert!(
+        running.settled(2 * N as u64, Duration::from_secs(60)).await,
+        "{:?}",
+        running.stats.snapshot()
+    );
+    running.stop().await.unwrap();
+    for m in &messages {
+        assert_eq!(db.effects_for(&m.meta().message_id).await, 1);
+    }
+    let replayed = LetterFilter {
+        state: LetterState::Replayed,
+        ..LetterFilter::default()
+    };
+    assert_eq!(stored::<B>(&db.store, &replayed).await, N);
 
     broker.cleanup().await;
     db.drop_db().await;

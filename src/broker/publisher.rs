@@ -175,6 +175,12 @@ impl Publisher {
         }
     }
 
+    /// Closes the publisher's channel, if one is open, before its connection
+    /// closes: a channel left open then ends in an error log line.
+    pub async fn close(&self) {
+        self.discard_channel().await;
+    }
+
     /// The largest frame the connection negotiated: the bound for a message's
     /// headers.
     pub(crate) fn frame_max(&self) -> usize {

@@ -253,6 +253,7 @@ impl DeadLetterQueue {
         }
         .await;
         walk.close().await;
+        publisher.close().await;
         result.map(|()| report)
     }
 
@@ -293,6 +294,8 @@ const FAILURE_HEADERS: &[&str] = &[
     HEADER_LAST_FAILURE,
     HEADER_CONSUMER,
     HEADER_QUEUE,
+    crate::headers::HEADER_LETTER_ID,
+    crate::headers::HEADER_REPLAY_ID,
 ];
 
 /// The replayed copy: the dead letter's properties without its failure record
@@ -301,7 +304,16 @@ const FAILURE_HEADERS: &[&str] = &[
 /// id stays in `x-warren-original-user-id`. What the frame guard removed on
 /// reading is recorded as on a copy warren's consumer dead-letters.
 fn replay_properties(letter: &DeadLetter) -> BasicProperties {
-    let properties = crate::headers::copy_base(&letter.properties, true);
+    replay_properties_of(&letter.properties, letter.pruned.as_ref())
+}
+
+/// [`replay_properties`] of a dead letter's properties and what the frame
+/// guard removed from it on reading, if anything.
+pub(crate) fn replay_properties_of(
+    dead: &BasicProperties,
+    pruned: Option<&Pruned>,
+) -> BasicProperties {
+    let properties = crate::headers::copy_base(dead, true);
     let mut kept: std::collections::BTreeMap<_, _> = properties
         .headers()
         .as_ref()
@@ -316,7 +328,7 @@ fn replay_properties(letter: &DeadLetter) -> BasicProperties {
         })
         .unwrap_or_default();
     kept.insert(HEADER_REPLAYED_AT.into(), time(Utc::now()));
-    if let Some(pruned) = &letter.pruned {
+    if let Some(pruned) = pruned {
         if !pruned.removed.is_empty() {
             kept.insert(HEADER_DROPPED.into(), text(&pruned.removed));
         }
@@ -393,7 +405,7 @@ fn entity_version(d: &Delivery) -> Option<GatedVersion> {
 /// order per entity, in the places such items held; the others keep theirs.
 /// A strict-sequence consumer would otherwise park every version replayed
 /// before its predecessor.
-fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<GatedVersion>) {
+pub(crate) fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<GatedVersion>) {
     let slots: Vec<usize> = (0..items.len())
         .filter(|&i| key(&items[i]).is_some())
         .collect();

@@ -344,6 +344,57 @@ pub struct DeadLetterStats {
     pub bytes: Option<u64>,
 }
 
+/// A letter a replay may take, as chosen when the replay starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayCandidate {
+    /// The letter.
+    pub letter_id: String,
+    /// Its consumer.
+    pub consumer: String,
+    /// Its message id.
+    pub message_id: String,
+    /// Its strict-order entity ("" if none).
+    pub entity: String,
+    /// Its version within the entity.
+    pub entity_version: Option<i64>,
+    /// When it first failed.
+    pub first_failure: DateTime<Utc>,
+    /// Its body was cut on storing: only the side queue holds it whole.
+    pub body_truncated: bool,
+}
+
+/// A replay run: the letters chosen when it started, in the order they go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayRun {
+    /// Its id, to resume it by.
+    pub run_id: String,
+    /// The filter that chose its letters, described.
+    pub selection: String,
+    /// Letters in it.
+    pub total: u64,
+    /// Letters published so far.
+    pub published: u64,
+    /// `running`, `finished` or `stopped`.
+    pub state: String,
+    /// Why it stopped, if it did.
+    pub stop_reason: String,
+    /// The operator who started it.
+    pub started_by: String,
+    /// When.
+    pub started_at: DateTime<Utc>,
+}
+
+/// One letter of a run not yet published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingReplay {
+    /// The id the copy carries (`x-warren-replay-id`).
+    pub replay_id: String,
+    /// The letter.
+    pub letter_id: String,
+    /// Its place in the run.
+    pub seq: u64,
+}
+
 store_trait! {
     /// Dead letters kept in the service's database: stored once per failure,
     /// grouped, listed and read.
@@ -437,6 +488,53 @@ store_trait! {
 
         /// The newest `limit` lines of the audit table, newest first.
         fn audit_log(&self, limit: u32) -> impl Future<Output = Result<Vec<AuditEntry>, StoreError>> + Send + '_;
+
+        /// The letters `filter` takes, for a replay to choose from: at most
+        /// `limit`, in no particular order.
+        fn replay_candidates<'a>(
+            &'a self,
+            filter: &'a LetterFilter,
+            limit: u32,
+        ) -> impl Future<Output = Result<Vec<ReplayCandidate>, StoreError>> + Send + 'a;
+
+        /// Records a run of `letters` (in the order given, replay ids
+        /// `RUN.SEQ`), started by `actor`, and audits it, in one transaction.
+        fn create_replay_run<'a>(
+            &'a self,
+            run_id: &'a str,
+            selection: &'a str,
+            letters: &'a [ReplayCandidate],
+            actor: &'a Actor,
+            forced: bool,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+        /// A run, with how many of its letters went out.
+        fn replay_run<'a>(
+            &'a self,
+            run_id: &'a str,
+        ) -> impl Future<Output = Result<Option<ReplayRun>, StoreError>> + Send + 'a;
+
+        /// The next `limit` letters of a run not yet published, in order.
+        fn pending_replays<'a>(
+            &'a self,
+            run_id: &'a str,
+            limit: u32,
+        ) -> impl Future<Output = Result<Vec<PendingReplay>, StoreError>> + Send + 'a;
+
+        /// Records a confirmed publish: the replay row's time, and the letter
+        /// replayed, in one transaction.
+        fn replay_published<'a>(
+            &'a self,
+            replay: &'a PendingReplay,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+        /// Ends a run: `finished`, or `stopped` with why.
+        fn end_replay_run<'a>(
+            &'a self,
+            run_id: &'a str,
+            state: &'a str,
+            reason: &'a str,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
         /// Counts for alerting and status, without reading a body.
         fn dead_letter_stats(&self) -> impl Future<Output = Result<DeadLetterStats, StoreError>> + Send + '_;

@@ -8,7 +8,8 @@ use sqlx::Row;
 
 use super::super::dead_letters::{
     Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
-    GroupMute, LetterFilter, LetterState, NewDeadLetter, PageAfter, StoredDeadLetter,
+    GroupMute, LetterFilter, LetterState, NewDeadLetter, PageAfter, PendingReplay, ReplayCandidate,
+    ReplayRun, StoredDeadLetter,
 };
 use super::*;
 
@@ -469,6 +470,218 @@ shared_impl! {
                 .collect()
         }
 
+        async fn replay_candidates<'a>(
+            &'a self,
+            filter: &'a LetterFilter,
+            limit: u32,
+        ) -> Result<Vec<ReplayCandidate>, StoreError> {
+            let mut c = Conditions::<D>::of(filter);
+            let limit = c.value(Bind::Int(i64::from(limit)));
+            let sql = format!(
+                "SELECT letter_id, consumer_name, message_id, entity, entity_version, first_failure,
+                        body_truncated
+                 FROM warren_dead_letters {} LIMIT {limit}",
+                c.where_clause()
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(ReplayCandidate {
+                        letter_id: row.try_get(0)?,
+                        consumer: row.try_get(1)?,
+                        message_id: row.try_get(2)?,
+                        entity: row.try_get(3)?,
+                        entity_version: row.try_get(4)?,
+                        first_failure: time_of::<D>(row.try_get(5)?)?,
+                        body_truncated: row.try_get(6)?,
+                    })
+                })
+                .collect()
+        }
+
+        async fn create_replay_run<'a>(
+            &'a self,
+            run_id: &'a str,
+            selection: &'a str,
+            letters: &'a [ReplayCandidate],
+            actor: &'a Actor,
+            forced: bool,
+        ) -> Result<(), StoreError> {
+            let now = Utc::now();
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let mut c = Conditions::<D>::new();
+            let values = [
+                c.value(Bind::Text(run_id.to_owned())),
+                c.value(Bind::Text(selection.to_owned())),
+                c.value(Bind::Bool(false)),
+                c.value(Bind::Text("running".to_owned())),
+                c.value(Bind::Text(String::new())),
+                c.value(Bind::Int(saturating_i64(letters.len() as u64))),
+                c.value(Bind::Text(actor.operator.clone())),
+                c.value(Bind::Text(actor.os_user.clone())),
+                c.value(Bind::Time(D::time(now))),
+                c.value(Bind::Time(D::time(now))),
+            ];
+            let sql = format!(
+                "INSERT INTO warren_replay_runs
+                     (run_id, selection, careful, state, stop_reason, total, started_by, os_user, started_at,
+                      updated_at)
+                 VALUES ({})",
+                values.join(", ")
+            );
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            // Many rows a statement: a run of 100 000 letters is 200
+            // statements, not 100 000 round trips.
+            for (chunk_no, chunk) in letters.chunks(REPLAY_ROWS_PER_INSERT).enumerate() {
+                let mut c = Conditions::<D>::new();
+                let mut rows = Vec::with_capacity(chunk.len());
+                for (i, letter) in chunk.iter().enumerate() {
+                    let seq = (chunk_no * REPLAY_ROWS_PER_INSERT + i + 1) as i64;
+                    let row = [
+                        c.value(Bind::Text(format!("{run_id}.{seq}"))),
+                        c.value(Bind::Text(letter.letter_id.clone())),
+                        c.value(Bind::Text(run_id.to_owned())),
+                        c.value(Bind::Int(seq)),
+                        c.value(Bind::Text(letter.consumer.clone())),
+                        c.value(Bind::Text(letter.message_id.clone())),
+                        c.value(Bind::Text(actor.operator.clone())),
+                        c.value(Bind::Text(actor.os_user.clone())),
+                        c.value(Bind::Bool(false)),
+                        c.value(Bind::Time(D::time(now))),
+                    ];
+                    rows.push(format!("({})", row.join(", ")));
+                }
+                let sql = format!(
+                    "INSERT INTO warren_replays
+                         (replay_id, letter_id, run_id, seq, consumer_name, message_id, requested_by,
+                          os_user, edited, created_at)
+                     VALUES {}",
+                    rows.join(", ")
+                );
+                bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let detail = format!("run {run_id}: {} letters", letters.len());
+            audit_in::<D>(&mut tx, actor, "replay", selection, &detail, forced).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn replay_run<'a>(&'a self, run_id: &'a str) -> Result<Option<ReplayRun>, StoreError> {
+            let mut c = Conditions::<D>::new();
+            c.push("r.run_id =", Bind::Text(run_id.to_owned()));
+            let sql = format!(
+                "SELECT r.run_id, r.selection, r.total,
+                        (SELECT COUNT(*) FROM warren_replays p
+                          WHERE p.run_id = r.run_id AND p.published_at IS NOT NULL),
+                        r.state, r.stop_reason, r.started_by, r.started_at
+                 FROM warren_replay_runs r {}",
+                c.where_clause()
+            );
+            let row = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_optional(&self.pool)
+                .await?;
+            row.map(|row| {
+                Ok(ReplayRun {
+                    run_id: row.try_get(0)?,
+                    selection: row.try_get(1)?,
+                    total: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
+                    published: u64::try_from(row.try_get::<i64, _>(3)?).unwrap_or(0),
+                    state: row.try_get(4)?,
+                    stop_reason: row.try_get(5)?,
+                    started_by: row.try_get(6)?,
+                    started_at: time_of::<D>(row.try_get(7)?)?,
+                })
+            })
+            .transpose()
+        }
+
+        async fn pending_replays<'a>(
+            &'a self,
+            run_id: &'a str,
+            limit: u32,
+        ) -> Result<Vec<PendingReplay>, StoreError> {
+            let mut c = Conditions::<D>::new();
+            c.push("run_id =", Bind::Text(run_id.to_owned()));
+            c.sql.push("published_at IS NULL".to_owned());
+            let limit = c.value(Bind::Int(i64::from(limit)));
+            let sql = format!(
+                "SELECT replay_id, letter_id, seq FROM warren_replays {}
+                 ORDER BY seq LIMIT {limit}",
+                c.where_clause()
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(PendingReplay {
+                        replay_id: row.try_get(0)?,
+                        letter_id: row.try_get(1)?,
+                        seq: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
+                    })
+                })
+                .collect()
+        }
+
+        async fn replay_published<'a>(&'a self, replay: &'a PendingReplay) -> Result<(), StoreError> {
+            let now = Utc::now();
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let mut c = Conditions::<D>::new();
+            let at = c.value(Bind::Time(D::time(now)));
+            c.push("replay_id =", Bind::Text(replay.replay_id.clone()));
+            let sql = format!("UPDATE warren_replays SET published_at = {at} {}", c.where_clause());
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            let mut c = Conditions::<D>::new();
+            let state = c.value(Bind::Text(LetterState::Replayed.as_str().to_owned()));
+            let last = c.value(Bind::Text(replay.replay_id.clone()));
+            let at = c.value(Bind::Time(D::time(now)));
+            c.push("letter_id =", Bind::Text(replay.letter_id.clone()));
+            let sql = format!(
+                "UPDATE warren_dead_letters
+                 SET state = {state}, replay_count = replay_count + 1, last_replay_id = {last},
+                     state_changed_at = {at}
+                 {}",
+                c.where_clause()
+            );
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
+        async fn end_replay_run<'a>(
+            &'a self,
+            run_id: &'a str,
+            state: &'a str,
+            reason: &'a str,
+        ) -> Result<(), StoreError> {
+            let mut c = Conditions::<D>::new();
+            let s = c.value(Bind::Text(state.to_owned()));
+            let r = c.value(Bind::Text(reason.to_owned()));
+            let at = c.value(Bind::Time(D::time(Utc::now())));
+            c.push("run_id =", Bind::Text(run_id.to_owned()));
+            let sql = format!(
+                "UPDATE warren_replay_runs SET state = {s}, stop_reason = {r}, updated_at = {at} {}",
+                c.where_clause()
+            );
+            let _turn = self.write_turn().await?;
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
         async fn dead_letter_stats(&self) -> Result<DeadLetterStats, StoreError> {
             let mut c = Conditions::<D>::new();
             c.push("state =", Bind::Text(LetterState::Unresolved.as_str().to_owned()));
@@ -547,6 +760,10 @@ where
         .await?;
     Ok(())
 }
+
+/// Replay rows written per `INSERT`: 10 values each, well under every
+/// database's limit on bound values (SQLite's 32 766, MySQL's 65 535).
+const REPLAY_ROWS_PER_INSERT: usize = 500;
 
 /// `n` as a stored count; counts past `i64::MAX` do not occur.
 fn saturating_i64(n: u64) -> i64 {
