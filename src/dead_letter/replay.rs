@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection};
 
 use super::queue::{in_version_order, replay_properties_of};
@@ -265,7 +265,7 @@ fn replay_copy(dead: &BasicProperties, replay_id: &str, signer: &Signer) -> Basi
         .map(|s| s.to_string())
         .unwrap_or_default();
     signer.sign(&message_id, &mut headers);
-    properties.with_headers(FieldTable::from(headers))
+    properties.with_headers(headers)
 }
 
 fn gated(letter: &ReplayCandidate) -> Option<GatedVersion> {
