@@ -157,10 +157,22 @@ impl<S: ConsumerStore> Consumer<S> {
         stop: &CancellationToken,
     ) -> Result<(), Error> {
         let permits = Arc::new(Semaphore::new(self.inner.config.concurrency));
-        if self.inner.config.partitions.is_some() {
-            return self.consume_partitions(amqp_url, stop, permits).await;
+        let journal_stop = CancellationToken::new();
+        let writer = self
+            .inner
+            .journal
+            .start(self.inner.store.clone(), journal_stop.clone());
+        let consumed = if self.inner.config.partitions.is_some() {
+            self.consume_partitions(amqp_url, stop, permits).await
+        } else {
+            self.consume_queue(amqp_url, stop, permits).await
+        };
+        // Drained: the journal writes what the last deliveries queued.
+        journal_stop.cancel();
+        if let Some(writer) = writer {
+            let _ = tokio::time::timeout(Duration::from_secs(15), writer).await;
         }
-        self.consume_queue(amqp_url, stop, permits).await
+        consumed
     }
 
     /// Consumes the one queue of this pipeline, reconnecting as needed, until

@@ -13,4 +13,4 @@ pub use identity::{letter_id, letter_id_of_content};
 pub use ingest::{DEFAULT_MAX_STORED_BODY, Ingester, REDACTED, unstored_queue_name};
 pub use queue::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use record::DeadLetterInfo;
-pub use replay::{MAX_REPLAY_RUN, ReplayError, Replayer};
+pub use replay::{CopyOutcome, MAX_REPLAY_RUN, ReplayError, Replayer};

@@ -149,9 +149,9 @@ pub mod version;
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
-        DEFAULT_MAX_STORED_BODY, DeadLetter, DeadLetterInfo, DeadLetterQueue, Ingester,
-        MAX_REPLAY_RUN, REDACTED, ReplayError, ReplayReport, Replayed, Replayer, Selection,
-        error_shape, fingerprint, letter_id, letter_id_of_content, unstored_queue_name,
+        CopyOutcome, DEFAULT_MAX_STORED_BODY, DeadLetter, DeadLetterInfo, DeadLetterQueue,
+        Ingester, MAX_REPLAY_RUN, REDACTED, ReplayError, ReplayReport, Replayed, Replayer,
+        Selection, error_shape, fingerprint, letter_id, letter_id_of_content, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

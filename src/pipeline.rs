@@ -33,16 +33,17 @@ use crate::handler::BoundCall;
 use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, Signer};
 use crate::partition::{self, KeyError};
 use crate::registry::Registry;
-use crate::store::{SoloRuns, Store};
+use crate::store::{Journal, SoloRuns, Store};
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
 use crate::version::GatedVersion;
 
 mod engine;
+pub(crate) mod journal;
 mod settle;
 mod suspect;
 
 /// Everything one consumer applies deliveries with.
-pub(crate) struct Pipeline<S: Store + SoloRuns> {
+pub(crate) struct Pipeline<S: Store + SoloRuns + Journal> {
     pub(crate) config: ConsumerConfig,
     pub(crate) store: S,
     pub(crate) registry: Registry<S::Db>,
@@ -63,6 +64,8 @@ pub(crate) struct Pipeline<S: Store + SoloRuns> {
     /// Deliveries sent on to the partition their key belongs to: the first,
     /// the tenth, the hundredth... are logged as warnings.
     pub(crate) forwarded: std::sync::atomic::AtomicU64,
+    /// Where outcomes go to be journaled: shared by a consumer's partitions.
+    pub(crate) journal: std::sync::Arc<journal::JournalSink>,
 }
 
 /// A delivery taken in: signature checked, history read, partition key
@@ -107,7 +110,7 @@ type Decided = (Disposition, Option<GatedVersion>);
 /// A valid delivery's metadata and its handler call, bound to its payload.
 type Routed<DB> = (Metadata, Box<dyn BoundCall<DB>>);
 
-impl<S: Store + SoloRuns> Pipeline<S> {
+impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// A pipeline that applies deliveries through `registry` in transactions
     /// of `store`, its suspects waiting on `barrier`.
     pub(crate) fn new(
@@ -116,6 +119,7 @@ impl<S: Store + SoloRuns> Pipeline<S> {
         registry: Registry<S::Db>,
         barrier: SoloBarrier,
     ) -> Self {
+        let (config_journal, config_name) = (config.journal, config.name.clone());
         Self {
             telemetry: Telemetry::new(&config.name, &config.queue),
             batch_size: BatchSize::new(config.batch_size()),
@@ -127,6 +131,7 @@ impl<S: Store + SoloRuns> Pipeline<S> {
             barrier,
             seat: None,
             forwarded: Default::default(),
+            journal: std::sync::Arc::new(journal::JournalSink::new(config_journal, &config_name)),
         }
     }
 
@@ -375,6 +380,41 @@ impl<S: Store + SoloRuns> Pipeline<S> {
         };
         self.telemetry.record(outcome, &fields, started.elapsed());
         self.telemetry.in_flight(-1.0);
+        self.journal_outcome(f, fields.message_id, outcome);
+    }
+
+    /// Queues the journal entry of an outcome that no transaction wrote: an
+    /// applied outcome is its inbox row, or was journaled in its
+    /// transaction (see `engine`).
+    fn journal_outcome(&self, f: &Finished, message_id: &str, outcome: Outcome) {
+        let in_transaction = match outcome {
+            Outcome::Applied => true,
+            Outcome::Stale => {
+                self.journal.journals_applied()
+                    || !journal::replay_id_of(&f.admitted.delivery).is_empty()
+            }
+            _ => false,
+        };
+        if in_transaction {
+            return;
+        }
+        let detail = match &f.disposition {
+            Disposition::Retry { error, .. }
+            | Disposition::Return { error }
+            | Disposition::Park { error, .. }
+            | Disposition::Requeue { error } => error.clone(),
+            Disposition::DeadLetter { reason, error, .. } => {
+                format!("{}: {error}", reason.as_str())
+            }
+            Disposition::Forward { queue, .. } => format!("to {queue}"),
+            Disposition::Ack(_) => String::new(),
+        };
+        if let Some(entry) =
+            self.journal
+                .entry(&f.admitted.delivery, message_id, outcome.as_str(), &detail)
+        {
+            self.journal.send(entry);
+        }
     }
 }
 

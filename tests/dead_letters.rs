@@ -7,9 +7,11 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use warren::admin::{Ingester, ReplayError, Replayer, unstored_queue_name};
+use warren::admin::{CopyOutcome, Ingester, ReplayError, Replayer, unstored_queue_name};
 use warren::lapin::BasicProperties;
-use warren::store::{Actor, DeadLetterStore, LetterFilter, LetterState, PageAfter};
+use warren::store::{
+    Actor, DeadLetterStore, Journal, JournalEntry, LetterFilter, LetterState, PageAfter,
+};
 use warren::{Consumer, ConsumerConfig};
 
 use crate::util::{
@@ -20,6 +22,7 @@ on_all_backends!(
     dead_letters_are_stored_once_grouped_and_found,
     a_letter_replayed_that_fails_again_is_a_second_letter,
     an_interrupted_replay_resumes_and_replays_each_letter_once,
+    careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id,
     a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
 );
 
@@ -610,6 +613,178 @@ async fn an_interrupted_replay_resumes_and_replays_each_letter_once<B: Backend>(
         ..LetterFilter::default()
     };
     assert_eq!(stored::<B>(&db.store, &replayed).await, N);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Careful replay: the first copy's journaled outcome decides. Dead-lettered
+/// again, nothing else goes; with the consumer down, "outcome unknown", even
+/// though another copy of the same message id is journaled applied; resumed
+/// with the consumer mended, the run finishes and each message applies once.
+async fn careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id<B: Backend>() {
+    const N: usize = 8;
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    broker.track_queue(&unstored_queue_name(config.queue()));
+    let switch = unique("switch");
+    set_broken(&switch, true);
+    let messages: Vec<_> = (0..N)
+        .map(|_| {
+            TestBroker::message(&Job::with(Mode::PermanentWhileBroken {
+                switch: switch.clone(),
+            }))
+        })
+        .collect();
+    for m in &messages {
+        broker.publish(m).await;
+    }
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let ingesting = Ingesting::start(Ingester::new(db.store.clone(), &config));
+    assert!(wait_stored::<B>(&db.store, N).await);
+
+    let replayer = Replayer::new(
+        db.store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        Actor::new("ana"),
+    )
+    .careful(Duration::from_secs(30));
+    // Still broken: the first copy is dead-lettered again, and the run stops.
+    let run = replayer
+        .start(&LetterFilter::default(), None, false)
+        .await
+        .unwrap();
+    let stopped = replayer.resume(&run.run_id, |_| {}).await;
+    assert!(
+        matches!(&stopped, Err(ReplayError::FailedAgain { replay_id, outcome, .. })
+            if *replay_id == format!("{}.1", run.run_id) && outcome == "dead-lettered"),
+        "{stopped:?}"
+    );
+    let after = db.store.replay_run(&run.run_id).await.unwrap().unwrap();
+    assert_eq!((after.published, after.state.as_str()), (1, "stopped"));
+    assert!(after.stop_reason.contains("failed again"), "{after:?}");
+
+    // Consumer down: no outcome for this run's copy, whatever else the
+    // journal says about the same message id.
+    running.stop().await.unwrap();
+    assert!(wait_stored::<B>(&db.store, N).await);
+    let run = replayer
+        .start(&LetterFilter::default(), None, false)
+        .await
+        .unwrap();
+    let first = db
+        .store
+        .pending_replays(&run.run_id, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let first_letter = db
+        .store
+        .dead_letter(&first.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    db.store
+        .write_journal(&[JournalEntry {
+            consumer: config.name().to_owned(),
+            message_id: first_letter.letter.message_id.clone(),
+            replay_id: String::new(),
+            outcome: "applied".into(),
+            detail: String::new(),
+            at: Utc::now(),
+        }])
+        .await
+        .unwrap();
+    let quick = Replayer::new(
+        db.store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        Actor::new("ana"),
+    )
+    .careful(Duration::from_secs(2));
+    let unknown = quick.resume(&run.run_id, |_| {}).await;
+    assert!(
+        matches!(&unknown, Err(ReplayError::OutcomeUnknown { .. })),
+        "{unknown:?}"
+    );
+    assert_eq!(
+        db.store
+            .replay_run(&run.run_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .published,
+        1
+    );
+
+    // Mended and running again: the resumed run finds its first copy
+    // applied, and replays the rest.
+    set_broken(&switch, false);
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let done = replayer.resume(&run.run_id, |_| {}).await.unwrap();
+    assert_eq!(
+        (done.published, done.state.as_str()),
+        (N as u64, "finished")
+    );
+    assert_eq!(
+        replayer
+            .outcome_of(&format!("{}.1", run.run_id), Duration::from_secs(30))
+            .await
+            .unwrap(),
+        CopyOutcome::Applied
+    );
+    for m in &messages {
+        let id = m.meta().message_id.clone();
+        assert!(
+            wait_for(Duration::from_secs(30), || async {
+                db.effects_for(&id).await == 1
+            })
+            .await,
+            "{id} applies"
+        );
+    }
+    // A replay of what already applied comes back a duplicate.
+    let again = Replayer::new(
+        db.store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        Actor::new("ana"),
+    );
+    let replayed = LetterFilter {
+        state: LetterState::Replayed,
+        letter_id: Some(first.letter_id.clone()),
+        ..LetterFilter::default()
+    };
+    let run = again.start(&replayed, None, false).await.unwrap();
+    again.resume(&run.run_id, |_| {}).await.unwrap();
+    assert_eq!(
+        again
+            .outcome_of(&format!("{}.1", run.run_id), Duration::from_secs(30))
+            .await
+            .unwrap(),
+        CopyOutcome::Duplicate,
+        "the inbox already holds its message id"
+    );
+    let journal = db
+        .store
+        .journal_of_message(config.name(), &first_letter.letter.message_id, 50)
+        .await
+        .unwrap();
+    let outcomes: Vec<&str> = journal.iter().map(|e| e.outcome.as_str()).collect();
+    assert!(outcomes.contains(&"dead-lettered"), "{outcomes:?}");
+    running.stop().await.unwrap();
+    ingesting.stop().await;
+    for m in &messages {
+        assert_eq!(db.effects_for(&m.meta().message_id).await, 1);
+    }
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -137,6 +137,13 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets what the delivery journal records (default
+    /// [`JournalMode::Outcomes`](crate::config::JournalMode::Outcomes)).
+    pub fn with_journal(mut self, mode: super::JournalMode) -> Self {
+        self.config.journal = mode;
+        self
+    }
+
     /// Sets the shutdown deadline.
     pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.config.shutdown_timeout = timeout;

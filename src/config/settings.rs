@@ -67,6 +67,9 @@ pub struct ConsumerConfig {
     pub(crate) conflict_retries: u32,
     /// Largest accepted body, in bytes.
     pub(crate) max_body_bytes: usize,
+    /// What the delivery journal records besides the outcomes of replayed
+    /// copies (always journaled: careful replay depends on them).
+    pub(crate) journal: JournalMode,
     /// How long in-flight messages may take to finish after shutdown is requested.
     pub(crate) shutdown_timeout: Duration,
     /// Delay tiers, attempt limit and poison limit.
@@ -118,6 +121,7 @@ impl ConsumerConfig {
                 batch_lock_timeout: DEFAULT_BATCH_LOCK_TIMEOUT,
                 conflict_retries: DEFAULT_CONFLICT_RETRIES,
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                journal: JournalMode::Outcomes,
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
                 retry: RetryPolicy::default(),
                 failure_backoff: DEFAULT_FAILURE_BACKOFF,
@@ -218,6 +222,11 @@ impl ConsumerConfig {
         self.conflict_retries
     }
 
+    /// What the delivery journal records.
+    pub fn journal(&self) -> JournalMode {
+        self.journal
+    }
+
     /// The largest accepted body, in bytes.
     pub fn max_body_bytes(&self) -> usize {
         self.max_body_bytes
@@ -309,4 +318,20 @@ impl ConsumerConfig {
     pub fn retry_queue(&self, delay: Duration) -> String {
         retry_queue_name(&self.queue, delay)
     }
+}
+
+/// What the delivery journal (`warren_journal`) records. The outcome of a
+/// replayed copy (one that carries `x-warren-replay-id`) is journaled in
+/// every mode: careful replay continues on it. An applied outcome is its
+/// inbox row, and costs the journal nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalMode {
+    /// Every outcome that is not an applied one: duplicate, stale, retried,
+    /// parked, dead-lettered, returned, forwarded. Written in batches off the
+    /// delivery path. The default.
+    Outcomes,
+    /// Also a row for each applied outcome, written in its transaction.
+    Everything,
+    /// Only the outcomes of replayed copies.
+    ReplaysOnly,
 }

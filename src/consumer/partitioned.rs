@@ -273,6 +273,7 @@ impl<S: ConsumerStore> Consumer<S> {
         pipeline.batch_size = self.inner.batch_size.clone();
         pipeline.gate = Arc::clone(&self.inner.gate);
         pipeline.signer = signer;
+        pipeline.journal = Arc::clone(&self.inner.journal);
         pipeline.seat = Some(Seat {
             index,
             base_queue: self.inner.config.queue.clone(),

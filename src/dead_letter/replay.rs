@@ -17,8 +17,8 @@ use super::queue::{in_version_order, replay_properties_of};
 use crate::broker::{BrokerError, Publisher};
 use crate::headers::{HEADER_REPLAY_ID, Signer};
 use crate::store::{
-    Actor, DeadLetterStore, LetterFilter, PendingReplay, ReplayCandidate, ReplayRun, SigningKey,
-    StoreError,
+    Actor, DeadLetterStore, Journal, LetterFilter, PendingReplay, ReplayCandidate, ReplayRun,
+    SigningKey, StoreError,
 };
 use crate::version::GatedVersion;
 
@@ -65,6 +65,28 @@ pub enum ReplayError {
         /// What is wrong.
         why: String,
     },
+    /// Careful replay: a copy of the run failed again.
+    #[error(
+        "stopped: the copy {replay_id} failed again ({outcome}: {detail}); nothing after it was replayed"
+    )]
+    FailedAgain {
+        /// The copy.
+        replay_id: String,
+        /// `retried`, `parked` or `dead-lettered`.
+        outcome: String,
+        /// The error.
+        detail: String,
+    },
+    /// Careful replay: no outcome was journaled for a copy in time.
+    #[error(
+        "stopped: outcome unknown: the consumer journaled nothing for the copy {replay_id} within          {waited:?}; is it running? Resume the run once it is"
+    )]
+    OutcomeUnknown {
+        /// The copy.
+        replay_id: String,
+        /// How long the replay waited.
+        waited: Duration,
+    },
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -92,9 +114,25 @@ pub struct Replayer<S> {
     connection: Arc<Connection>,
     actor: Actor,
     pace: Option<Duration>,
+    careful: Option<Duration>,
 }
 
-impl<S: DeadLetterStore + SigningKey> Replayer<S> {
+/// How often a careful replay looks for a failure among its copies.
+const FAILURE_CHECK: Duration = Duration::from_secs(1);
+
+/// What a copy's journaled outcome means to a replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyOutcome {
+    /// Applied: its effect committed.
+    Applied,
+    /// The inbox already held its message id: nothing was applied. After an
+    /// edit, the edit did nothing.
+    Duplicate,
+    /// A newer version of its entity had applied: acked, not applied.
+    Stale,
+}
+
+impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
     /// A replayer publishing on `connection`, acting as `actor`.
     pub fn new(store: S, connection: Arc<Connection>, actor: Actor) -> Self {
         Self {
@@ -102,6 +140,53 @@ impl<S: DeadLetterStore + SigningKey> Replayer<S> {
             connection,
             actor,
             pace: None,
+            careful: None,
+        }
+    }
+
+    /// Careful replay: the run's first copy must be journaled `applied`
+    /// (or `duplicate` or `stale`, which count as done) within `timeout`
+    /// before any other goes; then the run stops at the first copy journaled
+    /// as failed again. Without an outcome in time it stops with "outcome
+    /// unknown", never guessing.
+    pub fn careful(mut self, timeout: Duration) -> Self {
+        self.careful = Some(timeout);
+        self
+    }
+
+    /// Waits up to `timeout` for the outcome the consumer journals for the
+    /// copy `replay_id`. A retried or parked copy is waited on until it
+    /// applies or is dead-lettered.
+    pub async fn outcome_of(
+        &self,
+        replay_id: &str,
+        timeout: Duration,
+    ) -> Result<CopyOutcome, ReplayError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let entries = self.store.journal_of_replay(replay_id).await?;
+            for e in entries.iter().rev() {
+                match e.outcome.as_str() {
+                    "applied" => return Ok(CopyOutcome::Applied),
+                    "duplicate" => return Ok(CopyOutcome::Duplicate),
+                    "stale" => return Ok(CopyOutcome::Stale),
+                    "dead-lettered" => {
+                        return Err(ReplayError::FailedAgain {
+                            replay_id: replay_id.to_owned(),
+                            outcome: e.outcome.clone(),
+                            detail: e.detail.clone(),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ReplayError::OutcomeUnknown {
+                    replay_id: replay_id.to_owned(),
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -209,19 +294,69 @@ impl<S: DeadLetterStore + SigningKey> Replayer<S> {
             i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             i
         });
+        if let Some(timeout) = self.careful {
+            self.probe(run_id, timeout, signer, publisher, progress)
+                .await?;
+        }
+        let mut checked = tokio::time::Instant::now();
         loop {
             let pending = self.store.pending_replays(run_id, STEP).await?;
             if pending.is_empty() {
-                return Ok(());
+                return self.no_failure_in(run_id).await;
             }
             for replay in &pending {
                 if let Some(p) = pace.as_mut() {
                     p.tick().await;
                 }
+                if checked.elapsed() >= FAILURE_CHECK {
+                    self.no_failure_in(run_id).await?;
+                    checked = tokio::time::Instant::now();
+                }
                 self.publish_one(replay, signer, publisher).await?;
                 self.store.replay_published(replay).await?;
                 progress(replay);
             }
+        }
+    }
+
+    /// Careful replay's first step: the run's first copy is published (if
+    /// it was not before an interruption) and its outcome awaited.
+    async fn probe(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+        signer: &Signer,
+        publisher: &Publisher,
+        progress: &mut impl FnMut(&PendingReplay),
+    ) -> Result<(), ReplayError> {
+        let first_id = format!("{run_id}.1");
+        let pending = self.store.pending_replays(run_id, 1).await?;
+        if let Some(first) = pending.first().filter(|p| p.seq == 1) {
+            self.publish_one(first, signer, publisher).await?;
+            self.store.replay_published(first).await?;
+            progress(first);
+        }
+        self.outcome_of(&first_id, timeout).await?;
+        self.no_failure_in(run_id).await
+    }
+
+    /// Careful replay: stops at the first copy of the run journaled as failed
+    /// again. A plain replay goes on regardless.
+    async fn no_failure_in(&self, run_id: &str) -> Result<(), ReplayError> {
+        if self.careful.is_none() {
+            return Ok(());
+        }
+        // The first copy's retries were judged by the probe, which waited
+        // for its final outcome.
+        let first_id = format!("{run_id}.1");
+        let failures = self.store.journal_of_run(run_id, true, 100).await?;
+        match failures.into_iter().find(|e| e.replay_id != first_id) {
+            Some(e) => Err(ReplayError::FailedAgain {
+                replay_id: e.replay_id,
+                outcome: e.outcome,
+                detail: e.detail,
+            }),
+            None => Ok(()),
         }
     }
 

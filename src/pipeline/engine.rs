@@ -61,7 +61,7 @@ use crate::disposition::{
 use crate::failpoint;
 use crate::failure::HandlerError;
 use crate::handler::BoundCall;
-use crate::store::{InboxEntry, SoloRuns, Store, StoreError, Tx};
+use crate::store::{InboxEntry, Journal, JournalEntry, SoloRuns, Store, StoreError, Tx};
 use crate::version::GatedVersion;
 
 /// A ready delivery in a unit of work.
@@ -111,7 +111,7 @@ enum Run {
     Outage(String),
 }
 
-impl<S: Store + SoloRuns> Pipeline<S> {
+impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// Applies `ready` (each bound to its call in `calls`) in as few units of
     /// work as isolation and conflicts allow, and decides each one's
     /// disposition. A `solo` run (a suspect) also forgets its solo runs in the
@@ -343,7 +343,44 @@ impl<S: Store + SoloRuns> Pipeline<S> {
             let _ = tx.rollback().await;
             return Run::Committed(results);
         }
+        let journaled = self.applied_entries(ready, members, &results);
+        if !journaled.is_empty()
+            && let Err(e) = self.store.journal_in(&mut tx, &journaled).await
+        {
+            return rolled_back(tx, store_failed(e)).await;
+        }
         self.commit(tx, results).await
+    }
+
+    /// The journal rows of the unit's applied (and stale) outcomes that ride
+    /// in its transaction: those of replayed copies, which careful replay
+    /// waits for, and every one if the journal records everything.
+    fn applied_entries(
+        &self,
+        ready: &[Ready],
+        members: &[Member<S::Db>],
+        results: &[MessageResult],
+    ) -> Vec<JournalEntry> {
+        results
+            .iter()
+            .zip(members)
+            .filter_map(|((result, _), member)| {
+                let outcome = match result {
+                    Ok(Applied::Committed) => "applied",
+                    Ok(Applied::Stale) => "stale",
+                    _ => return None,
+                };
+                let this = &ready[member.index];
+                let delivery = &this.admitted.delivery;
+                if !self.journal.journals_applied()
+                    && super::journal::replay_id_of(delivery).is_empty()
+                {
+                    return None;
+                }
+                self.journal
+                    .entry(delivery, &this.meta.message_id, outcome, "")
+            })
+            .collect()
     }
 
     /// Claims the members' message ids in `tx`, in message id order, and says

@@ -14,11 +14,11 @@ use crate::headers::HEADER_REPLAY_ID;
 use crate::headers::{
     self, Origin, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy,
 };
-use crate::store::{SoloRuns, Store};
+use crate::store::{Journal, SoloRuns, Store};
 use crate::telemetry::Outcome;
 use crate::version::GatedVersion;
 
-impl<S: Store + SoloRuns> Pipeline<S> {
+impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// Settles what was decided, then finishes each delivery: one ack (or as
     /// few as the tags allow) for every delivery acked because its unit
     /// committed, then the rest side by side, so that a backoff before

@@ -6,9 +6,9 @@ use super::{Decided, Pipeline, Ready};
 use crate::disposition::Disposition;
 use crate::failure::DeadLetterReason;
 use crate::handler::BoundCall;
-use crate::store::{SoloRuns, Store};
+use crate::store::{Journal, SoloRuns, Store};
 
-impl<S: Store + SoloRuns> Pipeline<S> {
+impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// Waits until the suspect in `ready` (one delivery) can run with no other
     /// handler running in the process, records in its own committed
     /// transaction that it started alone, then applies it under the solo

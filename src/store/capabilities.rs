@@ -94,10 +94,10 @@ store_trait! {
 store_trait! {
     /// Everything a consumer needs of its store: the inbox, the signing key, solo
     /// runs and partition leases. Every store that has them all is one.
-    pub trait ConsumerStore: Store + SigningKey + SoloRuns + Leases {}
+    pub trait ConsumerStore: Store + SigningKey + SoloRuns + Leases + super::Journal {}
 }
 
-impl<S: Store + SigningKey + SoloRuns + Leases> ConsumerStore for S {}
+impl<S: Store + SigningKey + SoloRuns + Leases + super::Journal> ConsumerStore for S {}
 
 /// A partition lease as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,6 +40,7 @@ mod dead_letters;
 mod dialect;
 mod error;
 mod inbox;
+mod journal;
 mod migrations;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -59,6 +60,7 @@ pub use dead_letters::{
 };
 pub use error::{StoreError, is_connection_error, is_lock_conflict, is_permanent_data_error};
 pub use inbox::{InboxEntry, Store};
+pub use journal::{Journal, JournalEntry};
 pub use outbox::{OutboxCounts, OutboxListener, OutboxStore};
 pub use sql::SqlStore;
 

@@ -238,8 +238,28 @@ macro_rules! shared_impl {
     };
 }
 
-// After the macro: the outbox half and the dead letters use it too.
+/// Binds each of a built statement's values (`dead_letters::Bind`) to
+/// `query`, in order.
+macro_rules! bind_all {
+    ($query:expr, $binds:expr) => {{
+        let mut query = $query;
+        for bind in $binds {
+            query = match bind {
+                Bind::Text(v) => query.bind(v),
+                Bind::Time(v) => query.bind(v),
+                Bind::Int(v) => query.bind(v),
+                Bind::Bool(v) => query.bind(v),
+                Bind::OptTime(v) => query.bind(v),
+                Bind::OptInt(v) => query.bind(v),
+            };
+        }
+        query
+    }};
+}
+
+// After the macros: the outbox half, the dead letters and the journal use them too.
 mod dead_letters;
+mod journal;
 mod outbox;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) use outbox::insert_outbox;

@@ -19,7 +19,7 @@ const LISTED: &str = "letter_id, consumer_name, queue_name, message_id, event_ty
      original_routing_key, first_failure, last_failure, group_key, state, body_truncated";
 
 /// A value bound into a statement built at run time.
-enum Bind<D: Dialect> {
+pub(super) enum Bind<D: Dialect> {
     Text(String),
     Time(D::Time),
     Int(i64),
@@ -30,13 +30,13 @@ enum Bind<D: Dialect> {
 
 /// A statement's `WHERE` clause, built a condition at a time with the
 /// dialect's placeholders, and the values to bind in order.
-struct Conditions<D: Dialect> {
-    sql: Vec<String>,
-    binds: Vec<Bind<D>>,
+pub(super) struct Conditions<D: Dialect> {
+    pub(super) sql: Vec<String>,
+    pub(super) binds: Vec<Bind<D>>,
 }
 
 impl<D: Dialect> Conditions<D> {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             sql: Vec::new(),
             binds: Vec::new(),
@@ -44,11 +44,11 @@ impl<D: Dialect> Conditions<D> {
     }
 
     /// The placeholder of the next value to bind.
-    fn next(&self) -> String {
+    pub(super) fn next(&self) -> String {
         D::numbered_placeholder(self.binds.len() + 1).unwrap_or_else(|| "?".to_owned())
     }
 
-    fn push(&mut self, column_op: &str, value: Bind<D>) {
+    pub(super) fn push(&mut self, column_op: &str, value: Bind<D>) {
         let placeholder = self.next();
         self.sql.push(format!("{column_op} {placeholder}"));
         self.binds.push(value);
@@ -62,7 +62,7 @@ impl<D: Dialect> Conditions<D> {
 
     /// A value bound outside the `WHERE` clause (a `SET`, a `LIMIT`): its
     /// placeholder.
-    fn value(&mut self, value: Bind<D>) -> String {
+    pub(super) fn value(&mut self, value: Bind<D>) -> String {
         let placeholder = self.next();
         self.binds.push(value);
         placeholder
@@ -103,27 +103,9 @@ impl<D: Dialect> Conditions<D> {
         }
     }
 
-    fn where_clause(&self) -> String {
+    pub(super) fn where_clause(&self) -> String {
         format!("WHERE {}", self.sql.join(" AND "))
     }
-}
-
-/// Binds `binds` to `query`, in order.
-macro_rules! bind_all {
-    ($query:expr, $binds:expr) => {{
-        let mut query = $query;
-        for bind in $binds {
-            query = match bind {
-                Bind::Text(v) => query.bind(v),
-                Bind::Time(v) => query.bind(v),
-                Bind::Int(v) => query.bind(v),
-                Bind::Bool(v) => query.bind(v),
-                Bind::OptTime(v) => query.bind(v),
-                Bind::OptInt(v) => query.bind(v),
-            };
-        }
-        query
-    }};
 }
 
 shared_impl! {
