@@ -150,8 +150,9 @@ pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
         CopyOutcome, DEFAULT_MAX_STORED_BODY, DeadLetter, DeadLetterInfo, DeadLetterQueue,
-        Ingester, MAX_REPLAY_RUN, REDACTED, ReplayError, ReplayReport, Replayed, Replayer,
-        Selection, error_shape, fingerprint, letter_id, letter_id_of_content, unstored_queue_name,
+        EditError, Ingester, MAX_REPLAY_RUN, REDACTED, ReplayError, ReplayReport, Replayed,
+        Replayer, Selection, edit_letter, error_shape, fingerprint, letter_id,
+        letter_id_of_content, set_payload_fields, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

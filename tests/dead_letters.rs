@@ -7,7 +7,10 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use warren::admin::{CopyOutcome, Ingester, ReplayError, Replayer, unstored_queue_name};
+use warren::admin::{
+    CopyOutcome, EditError, Ingester, ReplayError, Replayer, edit_letter, set_payload_fields,
+    unstored_queue_name,
+};
 use warren::lapin::BasicProperties;
 use warren::store::{
     Actor, DeadLetterStore, Journal, JournalEntry, LetterFilter, LetterState, PageAfter,
@@ -23,6 +26,7 @@ on_all_backends!(
     a_letter_replayed_that_fails_again_is_a_second_letter,
     an_interrupted_replay_resumes_and_replays_each_letter_once,
     careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id,
+    an_edit_is_checked_kept_beside_the_original_audited_and_replayed,
     a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
 );
 
@@ -785,6 +789,114 @@ async fn careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id<B: Back
     for m in &messages {
         assert_eq!(db.effects_for(&m.meta().message_id).await, 1);
     }
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// An edit must stay the same message: an envelope with the same id. It is
+/// kept beside the original, audited with the fields it changed, refused
+/// where edits are off, and a replay sends it.
+async fn an_edit_is_checked_kept_beside_the_original_audited_and_replayed<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    broker.track_queue(&unstored_queue_name(config.queue()));
+    let message = TestBroker::message(&Job::with(Mode::Permanent));
+    let id = message.meta().message_id.clone();
+    broker.publish(&message).await;
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let ingesting = Ingesting::start(Ingester::new(db.store.clone(), &config));
+    assert!(wait_stored::<B>(&db.store, 1).await);
+    let letter = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let original = db
+        .store
+        .dead_letter(&letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let ana = Actor::new("ana");
+
+    let fixed =
+        set_payload_fields(&original.body, &[("mode.kind".to_owned(), "ok".to_owned())]).unwrap();
+    let other_id = String::from_utf8(fixed.clone())
+        .unwrap()
+        .replace(&id, "someone-else");
+    let refused = [
+        (b"not json".to_vec(), "not an envelope"),
+        (other_id.into_bytes(), "another message id"),
+        (original.body.clone(), "unchanged"),
+    ];
+    for (body, why) in refused {
+        let e = edit_letter(&db.store, &letter.letter_id, &body, "try", &ana).await;
+        assert!(
+            matches!(
+                e,
+                Err(EditError::NotAnEnvelope { .. }
+                    | EditError::MessageIdChanged(_)
+                    | EditError::Unchanged)
+            ),
+            "{why}: {e:?}"
+        );
+    }
+    db.store.allow_edits(false, &ana).await.unwrap();
+    assert!(matches!(
+        edit_letter(&db.store, &letter.letter_id, &fixed, "fix", &ana).await,
+        Err(EditError::NotAllowed)
+    ));
+    db.store.allow_edits(true, &ana).await.unwrap();
+    edit_letter(&db.store, &letter.letter_id, &fixed, "customer asked", &ana)
+        .await
+        .unwrap();
+
+    let edited = db
+        .store
+        .dead_letter(&letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(edited.body, original.body, "the original is kept");
+    let edit = edited.edit.as_ref().unwrap();
+    assert_eq!(edit.body, fixed);
+    assert_eq!(
+        (edit.by.as_str(), edit.reason.as_str()),
+        ("ana", "customer asked")
+    );
+    let audit = db.store.audit_log(1).await.unwrap().remove(0);
+    assert_eq!(audit.action, "edit");
+    assert!(audit.detail.contains("payload.mode.kind"), "{audit:?}");
+
+    let replayer = Replayer::new(
+        db.store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        ana.clone(),
+    )
+    .careful(Duration::from_secs(30));
+    let run = replayer
+        .start(&LetterFilter::default(), None, false)
+        .await
+        .unwrap();
+    replayer.resume(&run.run_id, |_| {}).await.unwrap();
+    assert_eq!(
+        replayer
+            .outcome_of(&format!("{}.1", run.run_id), Duration::from_secs(30))
+            .await
+            .unwrap(),
+        CopyOutcome::Applied
+    );
+    running.stop().await.unwrap();
+    ingesting.stop().await;
+    assert_eq!(db.effects_for(&id).await, 1);
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -379,7 +379,7 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
             .map_err(|e| unreadable(format!("its stored properties do not read: {e}")))?;
         let properties = replay_copy(&dead, &replay.replay_id, signer);
         publisher
-            .publish_raw("", &record.letter.queue, &record.body, properties)
+            .publish_raw("", &record.letter.queue, record.body_to_send(), properties)
             .await?;
         Ok(())
     }

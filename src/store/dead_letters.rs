@@ -147,8 +147,31 @@ pub struct DeadLetterRecord {
     pub headers: String,
     /// The AMQP properties as dead-lettered: JSON.
     pub properties: String,
-    /// The body (cut if `letter.body_truncated`).
+    /// The body (cut if `letter.body_truncated`), as it failed.
     pub body: Vec<u8>,
+    /// The last edit, if an operator edited the letter: a replay sends this
+    /// body instead.
+    pub edit: Option<LetterEdit>,
+}
+
+/// An operator's edit of a letter's body, kept beside the original.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LetterEdit {
+    /// The edited body.
+    pub body: Vec<u8>,
+    /// Who edited it.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+impl DeadLetterRecord {
+    /// The body a replay sends: the edited one if there is one.
+    pub fn body_to_send(&self) -> &[u8] {
+        self.edit.as_ref().map_or(&self.body, |e| &e.body)
+    }
 }
 
 /// One group of letters that failed the same way.
@@ -361,6 +384,8 @@ pub struct ReplayCandidate {
     pub first_failure: DateTime<Utc>,
     /// Its body was cut on storing: only the side queue holds it whole.
     pub body_truncated: bool,
+    /// An operator edited its body.
+    pub edited: bool,
 }
 
 /// A replay run: the letters chosen when it started, in the order they go.
@@ -534,6 +559,30 @@ store_trait! {
             run_id: &'a str,
             state: &'a str,
             reason: &'a str,
+        ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+        /// Keeps `body` as the letter's edited body (its original stays), with
+        /// who and why, and audits it with `detail`; `false` if no letter has
+        /// the id.
+        fn edit_dead_letter<'a>(
+            &'a self,
+            letter_id: &'a str,
+            body: &'a [u8],
+            reason: &'a str,
+            detail: &'a str,
+            actor: &'a Actor,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+
+        /// Whether operators may edit letters here (`dead_letters.edit`;
+        /// allowed unless switched off).
+        fn edits_allowed(&self) -> impl Future<Output = Result<bool, StoreError>> + Send + '_;
+
+        /// Allows or forbids edits for every process on this database, and
+        /// audits it.
+        fn allow_edits<'a>(
+            &'a self,
+            allowed: bool,
+            actor: &'a Actor,
         ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
         /// Counts for alerting and status, without reading a body.

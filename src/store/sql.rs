@@ -224,7 +224,7 @@ macro_rules! shared_impl {
             D::Arguments: IntoArguments<D>,
             i64: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
             String: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
-            Vec<u8>: Type<D> + for<'r> Decode<'r, D>,
+            Vec<u8>: Type<D> + for<'q> Encode<'q, D> + for<'r> Decode<'r, D>,
             for<'s> &'s str: Encode<'s, D> + Type<D>,
             for<'s> Option<&'s str>: Encode<'s, D> + Type<D>,
             Option<i64>: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
@@ -251,6 +251,7 @@ macro_rules! bind_all {
                 Bind::Bool(v) => query.bind(v),
                 Bind::OptTime(v) => query.bind(v),
                 Bind::OptInt(v) => query.bind(v),
+                Bind::Bytes(v) => query.bind(v),
             };
         }
         query

@@ -8,8 +8,8 @@ use sqlx::Row;
 
 use super::super::dead_letters::{
     Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
-    GroupMute, LetterFilter, LetterState, NewDeadLetter, PageAfter, PendingReplay, ReplayCandidate,
-    ReplayRun, StoredDeadLetter,
+    GroupMute, LetterEdit, LetterFilter, LetterState, NewDeadLetter, PageAfter, PendingReplay,
+    ReplayCandidate, ReplayRun, StoredDeadLetter,
 };
 use super::*;
 
@@ -26,6 +26,7 @@ pub(super) enum Bind<D: Dialect> {
     Bool(bool),
     OptTime(Option<D::Time>),
     OptInt(Option<i64>),
+    Bytes(Vec<u8>),
 }
 
 /// A statement's `WHERE` clause, built a condition at a time with the
@@ -222,7 +223,9 @@ shared_impl! {
             let mut c = Conditions::<D>::new();
             c.push("letter_id =", Bind::Text(letter_id.to_owned()));
             let sql = format!(
-                "SELECT {LISTED}, headers, properties, body FROM warren_dead_letters {}",
+                "SELECT {LISTED}, headers, properties, body, edited_body, edited_by, edit_reason,
+                        edited_at
+                 FROM warren_dead_letters {}",
                 c.where_clause()
             );
             let row = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
@@ -234,6 +237,19 @@ shared_impl! {
                     headers: row.try_get(17)?,
                     properties: row.try_get(18)?,
                     body: row.try_get(19)?,
+                    edit: match row.try_get::<Option<Vec<u8>>, _>(20)? {
+                        Some(body) => Some(LetterEdit {
+                            body,
+                            by: row.try_get::<Option<String>, _>(21)?.unwrap_or_default(),
+                            reason: row.try_get::<Option<String>, _>(22)?.unwrap_or_default(),
+                            at: row
+                                .try_get::<Option<D::Time>, _>(23)?
+                                .map(time_of::<D>)
+                                .transpose()?
+                                .unwrap_or_default(),
+                        }),
+                        None => None,
+                    },
                 })
             })
             .transpose()
@@ -461,7 +477,7 @@ shared_impl! {
             let limit = c.value(Bind::Int(i64::from(limit)));
             let sql = format!(
                 "SELECT letter_id, consumer_name, message_id, entity, entity_version, first_failure,
-                        body_truncated
+                        body_truncated, edited_body IS NOT NULL
                  FROM warren_dead_letters {} LIMIT {limit}",
                 c.where_clause()
             );
@@ -478,6 +494,7 @@ shared_impl! {
                         entity_version: row.try_get(4)?,
                         first_failure: time_of::<D>(row.try_get(5)?)?,
                         body_truncated: row.try_get(6)?,
+                        edited: row.try_get(7)?,
                     })
                 })
                 .collect()
@@ -533,7 +550,7 @@ shared_impl! {
                         c.value(Bind::Text(letter.message_id.clone())),
                         c.value(Bind::Text(actor.operator.clone())),
                         c.value(Bind::Text(actor.os_user.clone())),
-                        c.value(Bind::Bool(false)),
+                        c.value(Bind::Bool(letter.edited)),
                         c.value(Bind::Time(D::time(now))),
                     ];
                     rows.push(format!("({})", row.join(", ")));
@@ -664,6 +681,67 @@ shared_impl! {
             Ok(())
         }
 
+        async fn edit_dead_letter<'a>(
+            &'a self,
+            letter_id: &'a str,
+            body: &'a [u8],
+            reason: &'a str,
+            detail: &'a str,
+            actor: &'a Actor,
+        ) -> Result<bool, StoreError> {
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let mut c = Conditions::<D>::new();
+            let b = c.value(Bind::Bytes(body.to_vec()));
+            let by = c.value(Bind::Text(actor.operator.clone()));
+            let why = c.value(Bind::Text(reason.to_owned()));
+            let at = c.value(Bind::Time(D::time(Utc::now())));
+            c.push("letter_id =", Bind::Text(letter_id.to_owned()));
+            let sql = format!(
+                "UPDATE warren_dead_letters
+                 SET edited_body = {b}, edited_by = {by}, edit_reason = {why}, edited_at = {at} {}",
+                c.where_clause()
+            );
+            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            if D::rows_affected(&done) == 0 {
+                return Ok(false);
+            }
+            let detail = format!("{reason}: {detail}");
+            audit_in::<D>(&mut tx, actor, "edit", letter_id, &detail, false).await?;
+            tx.commit().await?;
+            Ok(true)
+        }
+
+        async fn edits_allowed(&self) -> Result<bool, StoreError> {
+            let value: Option<String> = sqlx::query_scalar(D::SQL.select_setting)
+                .bind(EDIT_SETTING)
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(value.as_deref() != Some("off"))
+        }
+
+        async fn allow_edits<'a>(&'a self, allowed: bool, actor: &'a Actor) -> Result<(), StoreError> {
+            let value = if allowed { "on" } else { "off" };
+            let _turn = self.write_turn().await?;
+            let mut tx = self.pool.begin_with(D::SQL.begin).await?;
+            let mut c = Conditions::<D>::new();
+            c.push("name =", Bind::Text(EDIT_SETTING.to_owned()));
+            let sql = format!("DELETE FROM warren_settings {}", c.where_clause());
+            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(D::SQL.insert_setting)
+                .bind(EDIT_SETTING)
+                .bind(value)
+                .execute(&mut *tx)
+                .await?;
+            audit_in::<D>(&mut tx, actor, "policy", EDIT_SETTING, value, false).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+
         async fn dead_letter_stats(&self) -> Result<DeadLetterStats, StoreError> {
             let mut c = Conditions::<D>::new();
             c.push("state =", Bind::Text(LetterState::Unresolved.as_str().to_owned()));
@@ -721,6 +799,7 @@ where
     Option<i64>: for<'q> Encode<'q, D> + Type<D>,
     Option<D::Time>: for<'q> Encode<'q, D> + Type<D>,
     bool: for<'q> Encode<'q, D> + Type<D>,
+    Vec<u8>: for<'q> Encode<'q, D> + Type<D>,
 {
     let mut c = Conditions::<D>::new();
     let values = [
@@ -742,6 +821,9 @@ where
         .await?;
     Ok(())
 }
+
+/// The setting that switches edits off (`off`) or on.
+const EDIT_SETTING: &str = "dead_letters.edit";
 
 /// Replay rows written per `INSERT`: 10 values each, well under every
 /// database's limit on bound values (SQLite's 32 766, MySQL's 65 535).
