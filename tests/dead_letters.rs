@@ -39,7 +39,7 @@ struct Ingesting {
 impl Ingesting {
     fn start<S>(ingester: Ingester<S>) -> Self
     where
-        S: DeadLetterStore + warren::store::SigningKey + Send + Sync + 'static,
+        S: DeadLetterStore + warren::store::SigningKey + Journal + Send + Sync + 'static,
     {
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
@@ -305,6 +305,26 @@ async fn dead_letters_are_stored_once_grouped_and_found<B: Backend>() {
             .unwrap()
     );
 
+    // The gauges leave a muted group out, and say how old the oldest is.
+    let handle = crate::supervision::recorder();
+    db.store
+        .mute_group(&groups[0].group_key, None, None, "known", &actor)
+        .await
+        .unwrap();
+    let house = Ingester::new(db.store.clone(), &config).with_retention(None);
+    house.housekeeping_pass().await.unwrap();
+    let text = handle.render();
+    let consumer_label = format!("consumer=\"{}\"", config.name());
+    let gauge = |name: &str| crate::supervision::value(&text, name, &[&consumer_label]);
+    assert_eq!(gauge("dead_letters_unresolved"), Some(1.0), "{text}");
+    assert_eq!(gauge("dead_letters_unresolved_muted"), Some(4.0), "{text}");
+    assert_eq!(gauge("dead_letters_rows"), Some(6.0), "{text}");
+    assert!(gauge("dead_letters_oldest_unresolved_age_seconds").is_some_and(|a| a >= 0.0));
+    db.store
+        .unmute_group(&groups[0].group_key, &actor)
+        .await
+        .unwrap();
+
     let stats = db.store.dead_letter_stats().await.unwrap();
     assert_eq!(stats.rows, 6);
     assert_eq!(
@@ -313,8 +333,8 @@ async fn dead_letters_are_stored_once_grouped_and_found<B: Backend>() {
     );
     assert!(stats.oldest_unresolved.is_some());
 
-    // Purge takes resolved letters only, and only those resolved long enough.
-    let later = Utc::now() + chrono::Duration::seconds(5);
+    // Purge takes resolved letters only, and only those resolved long enough;
+    // retention does the same on its own.
     let earlier = Utc::now() - chrono::Duration::hours(1);
     assert_eq!(
         db.store
@@ -323,27 +343,38 @@ async fn dead_letters_are_stored_once_grouped_and_found<B: Backend>() {
             .unwrap(),
         0
     );
-    assert_eq!(
-        db.store
-            .purge_dead_letters(LetterState::Resolved, later, 100)
-            .await
-            .unwrap(),
-        1
-    );
+    Ingester::new(db.store.clone(), &config)
+        .with_retention(Some(Duration::ZERO))
+        .housekeeping_pass()
+        .await
+        .unwrap();
     assert_eq!(stored::<B>(&db.store, &LetterFilter::default()).await, 5);
+    let resolved = LetterFilter {
+        state: LetterState::Resolved,
+        ..LetterFilter::default()
+    };
+    assert_eq!(stored::<B>(&db.store, &resolved).await, 0);
 
     let audit = db.store.audit_log(10).await.unwrap();
     let actions: Vec<&str> = audit.iter().map(|a| a.action.as_str()).collect();
     assert_eq!(
         actions,
-        ["unmute", "mute", "reclassify", "resolve", "resolve"]
+        [
+            "unmute",
+            "mute",
+            "unmute",
+            "mute",
+            "reclassify",
+            "resolve",
+            "resolve"
+        ]
     );
     assert!(
         audit
             .iter()
             .all(|a| a.operator == "ana" && !a.os_user.is_empty())
     );
-    assert_eq!(audit[3].detail, "0 letters");
+    assert_eq!(audit[5].detail, "0 letters");
 
     broker.cleanup().await;
     db.drop_db().await;

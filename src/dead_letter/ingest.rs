@@ -28,7 +28,7 @@ use crate::config::ConsumerConfig;
 use crate::error::Error;
 use crate::headers::{HEADER_ENTITY, HEADER_LETTER_ID, HEADER_REPLAY_ID, HEADER_VERSION, Signer};
 use crate::shutdown::cancel_on;
-use crate::store::{DeadLetterStore, NewDeadLetter, SigningKey};
+use crate::store::{DeadLetterStore, Journal, LetterState, NewDeadLetter, SigningKey, StoreError};
 use crate::tls::TlsOptions;
 use crate::topology::{QueueSpec, Topology};
 
@@ -36,6 +36,18 @@ use crate::topology::{QueueSpec, Topology};
 /// and kept whole on the side queue. Below MySQL's and MariaDB's default
 /// `max_allowed_packet` (16 MiB), with room for the rest of the row.
 pub const DEFAULT_MAX_STORED_BODY: usize = 8 * 1024 * 1024;
+
+/// How long resolved and replayed letters are kept by default: 30 days.
+pub const DEFAULT_RESOLVED_RETENTION: Duration = Duration::from_secs(30 * 86_400);
+
+/// How long journal entries are kept by default: 30 days.
+pub const DEFAULT_JOURNAL_RETENTION: Duration = Duration::from_secs(30 * 86_400);
+
+/// Groups with a series of their own in `dead_letters_unresolved_by_group`.
+const GROUP_SERIES: usize = 20;
+
+/// Rows deleted per statement by retention.
+const PURGE_BATCH: u32 = 1000;
 
 /// How many dead letters the broker may hand the ingester at once.
 const PREFETCH: u16 = 16;
@@ -74,9 +86,12 @@ pub struct Ingester<S> {
     tls: TlsOptions,
     redact: Vec<String>,
     max_body: usize,
+    retention: Option<Duration>,
+    journal_retention: Option<Duration>,
+    housekeeping: Duration,
 }
 
-impl<S: DeadLetterStore + SigningKey> Ingester<S> {
+impl<S: DeadLetterStore + SigningKey + Journal> Ingester<S> {
     /// An ingester for the dead-letter queue of the consumer `config`
     /// describes, storing into `store`.
     pub fn new(store: S, config: &ConsumerConfig) -> Self {
@@ -88,6 +103,9 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             tls: config.tls.clone(),
             redact: Vec::new(),
             max_body: DEFAULT_MAX_STORED_BODY,
+            retention: Some(DEFAULT_RESOLVED_RETENTION),
+            journal_retention: Some(DEFAULT_JOURNAL_RETENTION),
+            housekeeping: Duration::from_secs(30),
         }
     }
 
@@ -107,14 +125,110 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         self
     }
 
+    /// Deletes resolved and replayed letters whose state changed longer than
+    /// `age` ago (default [`DEFAULT_RESOLVED_RETENTION`]); `None` keeps them.
+    /// Unresolved letters are never deleted here: only `warren dead-letters
+    /// purge` does that, when told to.
+    pub fn with_retention(mut self, age: Option<Duration>) -> Self {
+        self.retention = age;
+        self
+    }
+
+    /// Deletes journal entries older than `age` (default
+    /// [`DEFAULT_JOURNAL_RETENTION`]); `None` keeps them.
+    pub fn with_journal_retention(mut self, age: Option<Duration>) -> Self {
+        self.journal_retention = age;
+        self
+    }
+
+    /// How often the gauges are read and retention runs (default 30 s).
+    pub fn with_housekeeping_interval(mut self, every: Duration) -> Self {
+        self.housekeeping = every.max(Duration::from_millis(100));
+        self
+    }
+
     /// Ingests until `shutdown` resolves, reconnecting to the broker and
-    /// waiting out the database as needed.
+    /// waiting out the database as needed; beside it, sets the gauges and
+    /// applies retention every housekeeping interval.
     pub async fn run<F>(self, amqp_url: &str, shutdown: F) -> Result<(), Error>
     where
         F: Future<Output = ()> + Send,
     {
         let stop = CancellationToken::new();
-        cancel_on(shutdown, &stop, self.ingest_until(amqp_url, &stop)).await
+        cancel_on(shutdown, &stop, async {
+            let (ingested, ()) =
+                tokio::join!(self.ingest_until(amqp_url, &stop), self.keep_house(&stop));
+            ingested
+        })
+        .await
+    }
+
+    /// The gauges and retention, every housekeeping interval, until `stop`.
+    async fn keep_house(&self, stop: &CancellationToken) {
+        loop {
+            if let Err(e) = self.housekeeping_pass().await {
+                tracing::warn!(error = %e, "dead-letter housekeeping failed; trying again later");
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.housekeeping) => {}
+            }
+        }
+    }
+
+    /// One pass: the gauges from the table, then retention in bounded
+    /// batches.
+    pub async fn housekeeping_pass(&self) -> Result<(), StoreError> {
+        let stats = self.store.dead_letter_stats().await?;
+        let mutes = self.store.group_mutes().await?;
+        let now = Utc::now();
+        let consumer = self.consumer.clone();
+        let mut unmuted = 0u64;
+        let mut muted = 0u64;
+        for (i, (group, count)) in stats.unresolved_by_group.iter().enumerate() {
+            let is_muted = mutes
+                .iter()
+                .any(|m| m.group_key == *group && m.holds(*count, now));
+            if is_muted {
+                muted += count;
+                continue;
+            }
+            unmuted += count;
+            // One series per group for the largest groups only: a label per
+            // fingerprint would otherwise grow without bound.
+            if i < GROUP_SERIES {
+                metrics::gauge!("dead_letters_unresolved_by_group", "consumer" => consumer.clone(), "group" => group.clone())
+                    .set(*count as f64);
+            }
+        }
+        metrics::gauge!("dead_letters_unresolved", "consumer" => consumer.clone())
+            .set(unmuted as f64);
+        metrics::gauge!("dead_letters_unresolved_muted", "consumer" => consumer.clone())
+            .set(muted as f64);
+        let oldest = stats
+            .oldest_unresolved
+            .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0);
+        metrics::gauge!("dead_letters_oldest_unresolved_age_seconds", "consumer" => consumer.clone())
+            .set(oldest);
+        metrics::gauge!("dead_letters_rows", "consumer" => consumer.clone()).set(stats.rows as f64);
+        if let Some(bytes) = stats.bytes {
+            metrics::gauge!("dead_letters_table_bytes", "consumer" => consumer.clone())
+                .set(bytes as f64);
+        }
+        if let Some(cutoff) = self.retention.and_then(crate::retention::cutoff) {
+            for state in [LetterState::Resolved, LetterState::Replayed] {
+                while self
+                    .store
+                    .purge_dead_letters(state, cutoff, PURGE_BATCH)
+                    .await?
+                    == u64::from(PURGE_BATCH)
+                {}
+            }
+        }
+        if let Some(cutoff) = self.journal_retention.and_then(crate::retention::cutoff) {
+            while self.store.purge_journal(cutoff, PURGE_BATCH).await? == u64::from(PURGE_BATCH) {}
+        }
+        Ok(())
     }
 
     async fn ingest_until(&self, amqp_url: &str, stop: &CancellationToken) -> Result<(), Error> {
