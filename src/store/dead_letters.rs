@@ -409,6 +409,25 @@ pub struct ReplayRun {
     pub started_at: DateTime<Utc>,
 }
 
+/// One replay of a letter, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LetterReplay {
+    /// The id its copy carried.
+    pub replay_id: String,
+    /// Its run.
+    pub run_id: String,
+    /// Who asked for it.
+    pub requested_by: String,
+    /// The OS user it ran as.
+    pub os_user: String,
+    /// It sent an edited body.
+    pub edited: bool,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// When the broker confirmed the copy (`None`: not published yet).
+    pub published_at: Option<DateTime<Utc>>,
+}
+
 /// One letter of a run not yet published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingReplay {
@@ -545,6 +564,12 @@ store_trait! {
             run_id: &'a str,
             limit: u32,
         ) -> impl Future<Output = Result<Vec<PendingReplay>, StoreError>> + Send + 'a;
+
+        /// The replays of one letter, oldest first.
+        fn letter_replays<'a>(
+            &'a self,
+            letter_id: &'a str,
+        ) -> impl Future<Output = Result<Vec<LetterReplay>, StoreError>> + Send + 'a;
 
         /// Records a confirmed publish: the replay row's time, and the letter
         /// replayed, in one transaction.

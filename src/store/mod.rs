@@ -55,8 +55,8 @@ pub(crate) mod tx;
 pub use capabilities::{ConsumerStore, Lease, LeaseStep, Leases, Retention, SigningKey, SoloRuns};
 pub use dead_letters::{
     Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
-    GroupMute, LetterEdit, LetterFilter, LetterState, NewDeadLetter, PageAfter, PendingReplay,
-    ReplayCandidate, ReplayRun, StoredDeadLetter,
+    GroupMute, LetterEdit, LetterFilter, LetterReplay, LetterState, NewDeadLetter, PageAfter,
+    PendingReplay, ReplayCandidate, ReplayRun, StoredDeadLetter,
 };
 pub use error::{StoreError, is_connection_error, is_lock_conflict, is_permanent_data_error};
 pub use inbox::{InboxEntry, Store};

@@ -56,6 +56,20 @@ pub(crate) enum Command {
     /// A consumer's dead-letter queue (`QUEUE.dead-letter`).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Dead letters kept in a database: groups, search, replay, edit, mute,
+    /// resolve, purge, and the ingester that fills it.
+    #[command(name = "dead-letters")]
+    DeadLetters {
+        /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
+        database_url: DatabaseUrl,
+        /// Your name, for the audit table; every command that changes
+        /// something needs it. The OS user is recorded beside it.
+        #[arg(long, env = "WARREN_OPERATOR", global = true)]
+        operator: Option<String>,
+        #[command(subcommand)]
+        command: DeadLettersCommand,
+    },
     /// The inbox in a database: retention.
     Inbox {
         /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
@@ -99,6 +113,317 @@ pub(crate) enum InboxCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum DeadLettersCommand {
+    /// Letters grouped by cause: count, first and last seen, type, reason, a
+    /// sample error; the largest group first, muted ones marked.
+    Groups {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// At most this many groups.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Letters, newest failure first, a page at a time.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Where the page starts: the `--after` value the previous page printed.
+        #[arg(long)]
+        after: Option<String>,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One letter: every header decoded, its edit and replays, and the
+    /// journaled outcome of each replay.
+    Show {
+        /// The letter id.
+        letter: String,
+        /// Print the payload too. Payloads may hold personal data.
+        #[arg(long)]
+        show_payload: bool,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send letters back to their queue, from the table, each confirmed.
+    Replay {
+        #[command(flatten)]
+        which: ReplayWhich,
+        /// Replay one letter first and go on only once the consumer journals
+        /// it applied (a duplicate or stale copy counts as done); then stop
+        /// at the first copy that fails again.
+        #[arg(long)]
+        careful: bool,
+        /// How long to wait for a copy's journaled outcome.
+        #[arg(long, default_value = "60s", value_parser = warren::retry::parse_delay)]
+        outcome_timeout: Duration,
+        /// At most this many per second, e.g. 50/s.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<f64>,
+        /// The consumer's inbox retention window: letters that first failed
+        /// before it are refused (their inbox rows may be purged).
+        #[arg(long, default_value = "7d", value_parser = warren::retry::parse_delay)]
+        inbox_retention: Duration,
+        /// Replay letters older than --inbox-retention anyway (audited).
+        #[arg(long)]
+        force: bool,
+        /// Publish and return without waiting for a single letter's outcome.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Edit a letter's payload before replaying it: opens $EDITOR on the
+    /// envelope, or sets fields. The original is kept; the edit is audited.
+    Edit {
+        /// The letter id.
+        letter: String,
+        /// Set a payload field (dotted path), e.g. --set amount=12.50 (repeat).
+        #[arg(long = "set", value_parser = parse_field)]
+        sets: Vec<(String, String)>,
+        /// Why: recorded with the edit.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Mark letters dealt with.
+    Resolve {
+        #[command(flatten)]
+        which: LetterWhich,
+    },
+    /// Move letters to another group (a group given as --group merges it).
+    Reclassify {
+        #[command(flatten)]
+        which: LetterWhich,
+        /// The group to move them into.
+        #[arg(long, value_parser = parse_group)]
+        to: String,
+    },
+    /// Leave a group out of the alerting metrics for a while, or until it
+    /// grows; still listed, marked muted.
+    Mute {
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// For this long, e.g. 4h.
+        #[arg(long = "for", value_parser = warren::retry::parse_delay)]
+        for_: Option<Duration>,
+        /// Until it holds more than this many letters beyond what it holds now.
+        #[arg(long)]
+        grows_by: Option<u64>,
+        /// Why.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Lift a group's mute.
+    Unmute {
+        /// The group.
+        #[arg(long)]
+        group: String,
+    },
+    /// Delete letters for good: resolved and replayed ones older than a
+    /// window; unresolved ones only with --include-unresolved and --force.
+    Purge {
+        /// Letters whose state changed longer ago than this, e.g. 30d.
+        #[arg(long, value_parser = warren::retry::parse_delay)]
+        older_than: Duration,
+        /// Unresolved letters too: nobody has looked at them.
+        #[arg(long, requires = "force")]
+        include_unresolved: bool,
+        /// Confirm deleting unresolved letters.
+        #[arg(long)]
+        force: bool,
+        /// Confirm: purged letters cannot be recovered.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Move the dead letters of a consumer's queue into the table, until
+    /// stopped (Ctrl-C); `billing run` does this by itself.
+    Ingest {
+        /// The consumer's queue (its dead-letter queue is QUEUE.dead-letter).
+        #[arg(long)]
+        queue: String,
+        /// The consumer's name [default: the queue].
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Queue type of the side queue for letters too large to store.
+        #[arg(long, default_value = "quorum", value_parser = parse_queue_type)]
+        queue_type: QueueType,
+        /// Payload fields to redact before storing (dotted paths, comma separated).
+        #[arg(long, value_delimiter = ',')]
+        redact: Vec<String>,
+        /// Keep resolved and replayed letters this long.
+        #[arg(long, default_value = "30d", value_parser = warren::retry::parse_delay)]
+        retention: Duration,
+    },
+    /// Who changed what: the audit table, newest first.
+    Audit {
+        /// At most this many lines.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Switch editing on or off for everyone using this database.
+    Policy {
+        /// on or off.
+        #[arg(long, value_parser = parse_on_off)]
+        edit: bool,
+    },
+}
+
+/// Which letters: filters, each narrowing.
+#[derive(Args, Clone, Default)]
+pub(crate) struct FilterArgs {
+    /// unresolved, replayed or resolved.
+    #[arg(long, default_value = "unresolved", value_parser = parse_state)]
+    pub(crate) state: Option<warren::store::LetterState>,
+    /// Of this consumer.
+    #[arg(long)]
+    pub(crate) consumer: Option<String>,
+    /// Of this event type.
+    #[arg(long = "type")]
+    pub(crate) event_type: Option<String>,
+    /// Dead-lettered for this reason.
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    /// In this group.
+    #[arg(long)]
+    pub(crate) group: Option<String>,
+    /// Failed at or after this: RFC 3339, a date (2026-12-01), or an age (2h).
+    #[arg(long, value_parser = parse_when)]
+    pub(crate) since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Failed before this: as --since.
+    #[arg(long, value_parser = parse_when)]
+    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
+    /// With this message id.
+    #[arg(long)]
+    pub(crate) message_id: Option<String>,
+    /// With this correlation id.
+    #[arg(long)]
+    pub(crate) correlation_id: Option<String>,
+    /// Whose payload has field=value (a dotted path), e.g. customerId=cus_123.
+    #[arg(long, value_parser = parse_field)]
+    pub(crate) field: Option<(String, String)>,
+}
+
+impl FilterArgs {
+    pub(crate) fn filter(&self) -> warren::store::LetterFilter {
+        warren::store::LetterFilter {
+            state: self.state.unwrap_or(warren::store::LetterState::Unresolved),
+            consumer: self.consumer.clone(),
+            event_type: self.event_type.clone(),
+            reason: self.reason.clone(),
+            group: self.group.clone(),
+            since: self.since,
+            until: self.until,
+            message_id: self.message_id.clone(),
+            correlation_id: self.correlation_id.clone(),
+            payload_field: self.field.clone(),
+            letter_id: None,
+        }
+    }
+}
+
+/// One letter or a group of them.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct LetterWhich {
+    /// This letter id.
+    #[arg(long = "id")]
+    pub(crate) id: Option<String>,
+    /// Every unresolved letter of this group.
+    #[arg(long)]
+    pub(crate) group: Option<String>,
+}
+
+impl LetterWhich {
+    pub(crate) fn filter(&self) -> warren::store::LetterFilter {
+        warren::store::LetterFilter {
+            letter_id: self.id.clone(),
+            group: self.group.clone(),
+            ..warren::store::LetterFilter::default()
+        }
+    }
+}
+
+/// What a replay sends: one letter, a group, or a run to resume.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct ReplayWhich {
+    /// This letter id (unresolved or not).
+    #[arg(long = "id")]
+    pub(crate) id: Option<String>,
+    /// The unresolved letters of this group, as they are when it starts.
+    #[arg(long)]
+    pub(crate) group: Option<String>,
+    /// Go on with an interrupted run, where it stopped.
+    #[arg(long)]
+    pub(crate) resume: Option<String>,
+}
+
+fn parse_state(s: &str) -> Result<warren::store::LetterState, String> {
+    warren::store::LetterState::from_name(s)
+        .ok_or_else(|| format!("{s:?} is not a state: use unresolved, replayed or resolved"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: use on or off")),
+    }
+}
+
+/// `field=value`, the field a dotted path.
+fn parse_field(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((field, value))
+            if !field.is_empty() && field.split('.').all(|step| !step.is_empty()) =>
+        {
+            Ok((field.to_owned(), value.to_owned()))
+        }
+        _ => Err(format!("{s:?}: use field=value, e.g. customerId=cus_123")),
+    }
+}
+
+/// A group key as stored: 1 to 64 of a-z, A-Z, 0-9, `.`, `_`, `-`.
+fn parse_group(s: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?}: a group is 1 to 64 letters, digits, '.', '_' or '-'"
+        ))
+    }
+}
+
+/// A point in time: RFC 3339, a date (midnight UTC), or an age before now
+/// (2h, 7d).
+fn parse_when(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc());
+    }
+    let age = warren::retry::parse_delay(s).map_err(|_| {
+        format!(
+            "{s:?}: use RFC 3339 (2026-12-01T08:00:00Z), a date (2026-12-01) or an age (2h, 7d)"
+        )
+    })?;
+    chrono::Duration::from_std(age)
+        .ok()
+        .and_then(|age| chrono::Utc::now().checked_sub_signed(age))
+        .ok_or_else(|| format!("{s:?} is further back than any date"))
 }
 
 #[derive(Subcommand)]
@@ -151,6 +476,24 @@ pub(crate) enum TopologyCommand {
     Declare(ConsumerArgs),
     /// Print the topology without touching the broker.
     Show(ConsumerArgs),
+    /// Delete the consumer's queues (its queue, retry tiers, dead-letter
+    /// queue, partitions and their hash exchange). Refuses while any of them
+    /// holds messages, unless --force.
+    Delete {
+        #[command(flatten)]
+        consumer: ConsumerArgs,
+        /// Delete queues that still hold messages: those messages are lost.
+        #[arg(long)]
+        force: bool,
+        /// Also delete the exchanges it binds to and publishes to. Other
+        /// consumers and producers may share them: only for a topology of
+        /// its own (a demo, a test).
+        #[arg(long)]
+        with_exchanges: bool,
+        /// Confirm.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 /// The consumer definition the topology derives from; use the same values the
@@ -178,6 +521,19 @@ pub(crate) struct ConsumerArgs {
     /// Deaths while a message ran alone before it is poison.
     #[arg(long, default_value_t = DEFAULT_POISON_LIMIT)]
     pub(crate) poison_limit: u32,
+    /// A topic exchange the handlers publish to through the outbox (repeat).
+    #[arg(long = "publishes-to")]
+    pub(crate) publishes_to: Vec<String>,
+    /// Partition the consumer into this many queues (QUEUE.0 ..), fed by a
+    /// consistent-hash exchange; needs --partition-exchange.
+    #[arg(long, requires = "partition_exchange")]
+    pub(crate) partitions: Option<u32>,
+    /// The consistent-hash exchange of a partitioned consumer.
+    #[arg(long, requires = "partitions")]
+    pub(crate) partition_exchange: Option<String>,
+    /// The header partitions hash on.
+    #[arg(long, requires = "partitions")]
+    pub(crate) partition_header: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -273,6 +629,15 @@ impl ConsumerArgs {
             .with_retry(retry);
         if let Some(exchange) = &self.exchange {
             config = config.bind(exchange, self.binding_keys.iter().cloned());
+        }
+        for exchange in &self.publishes_to {
+            config = config.publishes_to(exchange);
+        }
+        if let (Some(n), Some(exchange)) = (self.partitions, &self.partition_exchange) {
+            config = config.partitioned(exchange, n);
+            if let Some(header) = &self.partition_header {
+                config = config.with_partition_header(header);
+            }
         }
         config.build().map_err(|e| e.to_string())
     }

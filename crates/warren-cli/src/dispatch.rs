@@ -8,8 +8,10 @@ use warren::admin::DatabaseUrl;
 use warren::topology::Topology;
 use warren::{PgStore, SqliteStore};
 
+use crate::CliError;
 use crate::cli::{Cli, Command, TopologyCommand};
-use crate::dead_letters::run_dlq;
+use crate::dead_letters::{Broker, run_dead_letters};
+use crate::dlq::run_dlq;
 use crate::inbox::run_inbox;
 use crate::outbox::run_outbox;
 use crate::topology::print_topology;
@@ -19,7 +21,8 @@ use crate::topology::print_topology;
 macro_rules! with_store {
     ($url:expr, |$store:ident| $body:expr) => {{
         let url: &DatabaseUrl = $url;
-        let fail = |e: warren::store::StoreError| format!("{}: {e}", url.redacted());
+        let fail =
+            |e: warren::store::StoreError| CliError::Failed(format!("{}: {e}", url.redacted()));
         match url {
             DatabaseUrl::Postgres(u) => {
                 let $store = PgStore::connect(u, 2).await.map_err(fail)?;
@@ -30,7 +33,7 @@ macro_rules! with_store {
                     .trim_start_matches("sqlite://")
                     .trim_start_matches("sqlite:");
                 if !std::path::Path::new(path).exists() {
-                    return Err(format!("no database at {path}"));
+                    return Err(CliError::Failed(format!("no database at {path}")));
                 }
                 let $store = SqliteStore::connect(u).await.map_err(fail)?;
                 $body.await
@@ -43,8 +46,8 @@ macro_rules! with_store {
     }};
 }
 
-pub(crate) async fn run(cli: Cli) -> Result<(), String> {
-    let tls = cli.tls()?;
+pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
+    let tls = cli.tls().map_err(CliError::Usage)?;
     let connect = || async {
         warren::broker::connect_with_tls(&cli.amqp_url, "warren cli", &tls)
             .await
@@ -53,29 +56,40 @@ pub(crate) async fn run(cli: Cli) -> Result<(), String> {
     };
     match cli.command {
         Command::Topology(TopologyCommand::Show(args)) => {
-            print_topology(&Topology::for_consumer(&args.config()?));
+            print_topology(&Topology::for_consumer(
+                &args.config().map_err(CliError::Usage)?,
+            ));
         }
         Command::Topology(TopologyCommand::Declare(args)) => {
-            let topology = Topology::for_consumer(&args.config()?);
+            let topology = Topology::for_consumer(&args.config().map_err(CliError::Usage)?);
             let connection = connect().await?;
-            let channel = connection
-                .create_channel()
-                .await
-                .map_err(|e| e.to_string())?;
-            warren::broker::declare(&channel, &topology)
-                .await
-                .map_err(|e| e.to_string())?;
+            let declared = warren::broker::declare_on(&connection, &topology).await;
+            close(&connection).await;
+            declared.map_err(|e| e.to_string())?;
             print_topology(&topology);
             println!("declared");
+        }
+        Command::Topology(TopologyCommand::Delete {
+            consumer,
+            force,
+            with_exchanges,
+            yes,
+        }) => {
+            let config = consumer.config().map_err(CliError::Usage)?;
+            if !yes {
+                return Err(CliError::Usage(
+                    "deleting a topology deletes its queues; add --yes to confirm".into(),
+                ));
+            }
+            let connection = connect().await?;
+            let deleted = delete_topology(&connection, &config, force, with_exchanges).await;
+            close(&connection).await;
+            deleted?;
         }
         Command::Dlq(cmd) => {
             let connection = connect().await?;
             let done = run_dlq(cmd, &connection).await;
-            // Bounded: a broker that never answers the close must not keep the
-            // command from exiting once its work is done.
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into()))
-                    .await;
+            close(&connection).await;
             done?;
         }
         Command::Outbox {
@@ -86,6 +100,70 @@ pub(crate) async fn run(cli: Cli) -> Result<(), String> {
             database_url,
             command,
         } => with_store!(&database_url, |store| run_inbox(&store, command))?,
+        Command::DeadLetters {
+            database_url,
+            operator,
+            command,
+        } => {
+            let broker = Broker {
+                amqp_url: cli.amqp_url.clone(),
+                tls,
+            };
+            with_store!(&database_url, |store| run_dead_letters(
+                &store, operator, command, &broker
+            ))?
+        }
+    }
+    Ok(())
+}
+
+/// Closes the command's connection. Bounded: a broker that never answers the
+/// close must not keep the command from exiting once its work is done.
+async fn close(connection: &warren::lapin::Connection) {
+    let _ =
+        tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into())).await;
+}
+
+/// Deletes the consumer's queues, the dead-letter store's side queue, and
+/// (`with_exchanges`) the exchanges it names; refuses, unless `force`, while
+/// a queue holds messages.
+async fn delete_topology(
+    connection: &warren::lapin::Connection,
+    config: &warren::ConsumerConfig,
+    force: bool,
+    with_exchanges: bool,
+) -> Result<(), CliError> {
+    let mut topology = Topology::for_consumer(config);
+    if !with_exchanges {
+        topology.exchanges.clear();
+    }
+    let side = warren::admin::unstored_queue_name(config.queue());
+    topology
+        .queues
+        .push(warren::topology::QueueSpec::new(side, config.queue_type()));
+    let mut holding = Vec::new();
+    for q in &topology.queues {
+        if let Ok(info) = warren::broker::inspect_queue(connection, &q.name).await
+            && info.ready > 0
+        {
+            holding.push(format!("{} ({} messages)", q.name, info.ready));
+        }
+    }
+    if !holding.is_empty() && !force {
+        return Err(CliError::Failed(format!(
+            "not deleted: {} still hold messages, which deleting would lose; \
+             drain or replay them first, or add --force",
+            holding.join(", ")
+        )));
+    }
+    warren::broker::delete(connection, &topology)
+        .await
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    for q in &topology.queues {
+        println!("deleted queue    {}", q.name);
+    }
+    for e in &topology.exchanges {
+        println!("deleted exchange {}", e.name);
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
-//! `warren`: the operator's tool. Declares and shows a consumer's topology; lists,
-//! shows, replays and purges its dead letters; shows and mends its outbox;
-//! purges its inbox.
+//! `warren`: the operator's tool. Declares, shows and deletes a consumer's
+//! topology; groups, searches, replays, edits and resolves its dead letters
+//! kept in the database, and lists, replays and purges its dead-letter
+//! queue; shows and mends its outbox; purges its inbox.
 //!
 //! The flags are in `cli`, what each command does in a module of its own
-//! (`topology`, `dead_letters`, `outbox`, `inbox`), and `dispatch` connects to what
-//! a command needs and hands it over.
+//! (`topology`, `dead_letters`, `dlq`, `outbox`, `inbox`), and `dispatch`
+//! connects to what a command needs and hands it over.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // printing is this program's job
 
 use std::process::ExitCode;
@@ -14,12 +15,29 @@ use clap::Parser;
 mod cli;
 mod dead_letters;
 mod dispatch;
+mod dlq;
 mod inbox;
 mod outbox;
 mod print;
 mod topology;
 
 use cli::Cli;
+
+/// Why a command did not succeed: a wrong argument (exit code 2, as clap's
+/// own errors), or an operation that failed (exit code 1).
+#[derive(Debug)]
+pub(crate) enum CliError {
+    /// The arguments cannot work: fix the command line.
+    Usage(String),
+    /// The command ran and failed.
+    Failed(String),
+}
+
+impl From<String> for CliError {
+    fn from(message: String) -> Self {
+        CliError::Failed(message)
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -45,7 +63,11 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(dispatch::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        Err(CliError::Usage(message)) => {
+            eprintln!("warren: {message}");
+            ExitCode::from(2)
+        }
+        Err(CliError::Failed(message)) => {
             eprintln!("warren: {message}");
             ExitCode::FAILURE
         }

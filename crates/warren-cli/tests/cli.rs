@@ -10,7 +10,7 @@ use crate::util::{
     Backend, Job, Mode, Running, TestBroker, amqp_url, routes, set_broken, unique, wait_for,
 };
 
-fn warren_cmd() -> tokio::process::Command {
+pub(crate) fn warren_cmd() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_warren"));
     cmd.env("AMQP_URL", amqp_url())
         .stdin(Stdio::null())
@@ -18,7 +18,7 @@ fn warren_cmd() -> tokio::process::Command {
     cmd
 }
 
-async fn warren(args: &[&str]) -> Output {
+pub(crate) async fn warren(args: &[&str]) -> Output {
     let child = warren_cmd()
         .args(args)
         .env("RUST_LOG", "warn,warren=debug")
@@ -48,7 +48,7 @@ async fn warren(args: &[&str]) -> Output {
     }
 }
 
-fn text(out: &Output) -> (String, String) {
+pub(crate) fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -57,7 +57,7 @@ fn text(out: &Output) -> (String, String) {
 
 /// Dead-letters `n` messages through a consumer whose handler is broken, then
 /// mends the handler. Returns the message ids.
-async fn dead_letter_some<B: Backend>(
+pub(crate) async fn dead_letter_some<B: Backend>(
     db: &crate::util::TestDb<B>,
     broker: &TestBroker,
     n: usize,
@@ -117,6 +117,12 @@ async fn replay_ends_while_the_consumer_dead_letters_the_copies_again<B: Backend
     let (out, err) = text(&replay);
     assert!(replay.status.success(), "{err}");
     assert!(out.contains("replayed 3 message(s)"), "{out}");
+    // Regression (issue 24): the publishing channel was left open as the
+    // connection closed, and lapin logged "invalid channel state: Closing".
+    assert!(
+        !err.contains("ERROR"),
+        "nothing is logged as an error: {err}"
+    );
     // The consumer fails them again: back in the dead-letter queue, nothing lost.
     assert!(running.settled(6, Duration::from_secs(30)).await);
     running.stop().await.unwrap();
@@ -263,12 +269,12 @@ async fn list_show_purge_and_argument_errors() {
     );
 
     let unconfirmed = warren(&["dlq", "purge", q, "--all"]).await;
-    assert_eq!(unconfirmed.status.code(), Some(1));
+    assert_eq!(unconfirmed.status.code(), Some(2));
     assert!(text(&unconfirmed).1.contains("--yes"));
     assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 3);
 
     let bad_reason = warren(&["dlq", "replay", q, "--all", "--reason", "nope"]).await;
-    assert_eq!(bad_reason.status.code(), Some(1));
+    assert_eq!(bad_reason.status.code(), Some(2));
     assert!(text(&bad_reason).1.contains("unknown reason"));
     let bad_rate = warren(&["dlq", "replay", q, "--all", "--rate", "fast"]).await;
     assert_eq!(bad_rate.status.code(), Some(2));
@@ -291,6 +297,16 @@ async fn list_show_purge_and_argument_errors() {
         })
         .await
     );
+    let unknown = warren(&["dlq", "replay", q, "--id", "no-such-id"]).await;
+    assert_eq!(unknown.status.code(), Some(1), "an unknown id is a failure");
+    assert!(
+        text(&unknown)
+            .1
+            .contains("no dead letter with id no-such-id"),
+        "{}",
+        text(&unknown).1
+    );
+    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 2);
     let replay_reason =
         warren(&["dlq", "replay", q, "--all", "--reason", "retries-exhausted"]).await;
     assert!(
@@ -330,8 +346,50 @@ async fn topology_declare_creates_what_the_consumer_expects() {
     broker.declare().await;
     assert_eq!(broker.ready(&format!("{q}.retry.400ms")).await, 0);
     let bad = warren(&["topology", "show", "--queue", &q, "--max-attempts", "0"]).await;
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad).1.contains("max attempts"), "{}", text(&bad).1);
+
+    // Deleting: confirmed, and refused while a queue holds messages.
+    let consumer = [
+        "--queue",
+        q.as_str(),
+        "--exchange",
+        broker.exchange.as_str(),
+        "--binding-key",
+        "test.#",
+        "--retry-tiers",
+        "100ms,200ms,400ms",
+    ];
+    let with = |verb: &[&str]| {
+        let mut args = vec!["topology"];
+        args.extend_from_slice(verb);
+        args.extend_from_slice(&consumer);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        warren(&refs).await
+    };
+    broker.publish(&TestBroker::message(&Job::ok())).await;
+    let unconfirmed = run(with(&["delete"])).await;
+    assert_eq!(unconfirmed.status.code(), Some(2));
+    let refused = run(with(&["delete", "--yes"])).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused).1.contains("still hold messages"),
+        "{}",
+        text(&refused).1
+    );
+    assert_eq!(broker.ready(&q).await, 1);
+    let deleted = run(with(&["delete", "--yes", "--force"])).await;
+    assert!(deleted.status.success(), "{}", text(&deleted).1);
+    assert!(
+        text(&deleted)
+            .0
+            .contains(&format!("deleted queue    {q}.dead-letter"))
+    );
+    let gone = warren::broker::inspect_queue(&broker.connection, &q).await;
+    assert!(gone.is_err(), "the queue is gone");
     broker.cleanup().await;
 }
 
@@ -642,8 +700,8 @@ async fn absurd_windows_are_errors_not_panics() {
     let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
     warren::SqliteStore::connect(&url).await.unwrap();
     for (older_than, code) in [
-        ("100000000d", 1),
-        ("18446744073709551615ms", 1),
+        ("100000000d", 2),
+        ("18446744073709551615ms", 2),
         ("99999999999999999999999d", 2),
     ] {
         let out = warren(&[

@@ -11,3 +11,4 @@
 mod util;
 
 mod cli;
+mod dead_letters;

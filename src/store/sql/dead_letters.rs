@@ -8,8 +8,8 @@ use sqlx::Row;
 
 use super::super::dead_letters::{
     Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
-    GroupMute, LetterEdit, LetterFilter, LetterState, NewDeadLetter, PageAfter, PendingReplay,
-    ReplayCandidate, ReplayRun, StoredDeadLetter,
+    GroupMute, LetterEdit, LetterFilter, LetterReplay, LetterState, NewDeadLetter, PageAfter,
+    PendingReplay, ReplayCandidate, ReplayRun, StoredDeadLetter,
 };
 use super::*;
 
@@ -624,6 +624,35 @@ shared_impl! {
                         replay_id: row.try_get(0)?,
                         letter_id: row.try_get(1)?,
                         seq: u64::try_from(row.try_get::<i64, _>(2)?).unwrap_or(0),
+                    })
+                })
+                .collect()
+        }
+
+        async fn letter_replays<'a>(&'a self, letter_id: &'a str) -> Result<Vec<LetterReplay>, StoreError> {
+            let mut c = Conditions::<D>::new();
+            c.push("letter_id =", Bind::Text(letter_id.to_owned()));
+            let sql = format!(
+                "SELECT replay_id, run_id, requested_by, os_user, edited, created_at, published_at
+                 FROM warren_replays {} ORDER BY created_at, seq",
+                c.where_clause()
+            );
+            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(LetterReplay {
+                        replay_id: row.try_get(0)?,
+                        run_id: row.try_get(1)?,
+                        requested_by: row.try_get(2)?,
+                        os_user: row.try_get(3)?,
+                        edited: row.try_get(4)?,
+                        created_at: time_of::<D>(row.try_get(5)?)?,
+                        published_at: row
+                            .try_get::<Option<D::Time>, _>(6)?
+                            .map(time_of::<D>)
+                            .transpose()?,
                     })
                 })
                 .collect()
