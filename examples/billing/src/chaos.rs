@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warren::admin::DeadLetterQueue;
+use warren::store::DeadLetterStore;
 use warren::store::OutboxStore;
 use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
 
@@ -298,6 +299,8 @@ pub async fn run<B: BillingDb>(
     // Distinct messages per reason: a process that dies after the dead-letter
     // copy is confirmed and before the original is acked dead-letters it again
     // (at least once, like the relay's publishes); a missing one is a failure.
+    // billing stores dead letters as they come: they are counted in the
+    // table (every state) and in the queue (not stored yet), one per message.
     let mut dead_ids = std::collections::BTreeMap::<String, HashSet<String>>::new();
     let mut dead_letters = 0;
     for (n, letter) in DeadLetterQueue::new(Arc::clone(&connection), &names.queue())
@@ -308,15 +311,56 @@ pub async fn run<B: BillingDb>(
         .enumerate()
     {
         dead_letters += 1;
-        let id = if letter.message_id.is_empty() {
-            format!("(no id {n})")
-        } else {
-            letter.message_id.clone()
+        let letter_id = letter
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| warren::amqp::header_str(h, warren::headers::HEADER_LETTER_ID))
+            .map(|s| s.into_owned());
+        let id = match (letter.message_id.is_empty(), letter_id) {
+            (false, _) => letter.message_id.clone(),
+            (true, Some(letter_id)) => letter_id,
+            (true, None) => format!("(no id {n})"),
         };
         dead_ids
             .entry(letter.reason().to_owned())
             .or_default()
             .insert(id);
+    }
+    for state in [
+        warren::store::LetterState::Unresolved,
+        warren::store::LetterState::Replayed,
+        warren::store::LetterState::Resolved,
+    ] {
+        let filter = warren::store::LetterFilter {
+            state,
+            consumer: Some(CONSUMER.to_owned()),
+            ..warren::store::LetterFilter::default()
+        };
+        let mut after = None;
+        loop {
+            let page = store
+                .dead_letters(&filter, after.as_ref(), 1000)
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some(last) = page.last() else { break };
+            after = Some(warren::store::PageAfter {
+                last_failure: last.last_failure,
+                letter_id: last.letter_id.clone(),
+            });
+            for letter in &page {
+                dead_letters += 1;
+                let id = if letter.message_id.is_empty() {
+                    letter.letter_id.clone()
+                } else {
+                    letter.message_id.clone()
+                };
+                dead_ids
+                    .entry(letter.reason.clone())
+                    .or_default()
+                    .insert(id);
+            }
+        }
     }
     let dead: std::collections::BTreeMap<String, usize> = dead_ids
         .iter()

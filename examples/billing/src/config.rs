@@ -36,6 +36,8 @@ pub struct Raw {
     pub consumer_timeout: Option<String>,
     pub partitions: Option<u32>,
     pub partition_lease: Option<String>,
+    pub dead_letter_store: Option<String>,
+    pub dead_letter_redact: Option<Vec<String>>,
 }
 
 impl Raw {
@@ -65,6 +67,8 @@ impl Raw {
             consumer_timeout: self.consumer_timeout.or(other.consumer_timeout),
             partitions: self.partitions.or(other.partitions),
             partition_lease: self.partition_lease.or(other.partition_lease),
+            dead_letter_store: self.dead_letter_store.or(other.dead_letter_store),
+            dead_letter_redact: self.dead_letter_redact.or(other.dead_letter_redact),
         }
     }
 }
@@ -99,6 +103,10 @@ pub struct Config {
     pub partitions: u32,
     /// How long a partition lease lasts unrenewed.
     pub partition_lease: Duration,
+    /// Dead letters moved into the database as they come (default on).
+    pub dead_letter_store: bool,
+    /// Payload fields redacted before a dead letter is stored.
+    pub dead_letter_redact: Vec<String>,
 }
 
 fn key<T, E: Reason>(name: &str, r: Result<T, E>) -> Result<T, String> {
@@ -239,7 +247,32 @@ impl Config {
                 warren::retry::format_delay(partition_lease)
             ));
         }
+        let dead_letter_store = match raw.dead_letter_store.as_deref() {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(format!("dead_letter_store: {other:?} is not on or off"));
+            }
+        };
+        let dead_letter_redact: Vec<String> = raw
+            .dead_letter_redact
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|f| f.split(','))
+            .map(|f| f.trim().to_owned())
+            .filter(|f| !f.is_empty())
+            .collect();
+        if let Some(bad) = dead_letter_redact
+            .iter()
+            .find(|f| f.split('.').any(str::is_empty))
+        {
+            return Err(format!(
+                "dead_letter_redact: {bad:?} is not a field name or dotted path"
+            ));
+        }
         Ok(Config {
+            dead_letter_store,
+            dead_letter_redact,
             amqp_url,
             tls,
             database_url,
@@ -306,6 +339,8 @@ impl Config {
             tls: self.tls.clone(),
             partitions: self.partitions,
             partition_lease: self.partition_lease,
+            dead_letter_store: self.dead_letter_store,
+            dead_letter_redact: self.dead_letter_redact.clone(),
         }
     }
 

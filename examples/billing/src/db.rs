@@ -87,7 +87,11 @@ pub struct Counts {
 
 /// A database billing runs on.
 pub trait BillingDb: warren::store::Dialect {
-    type S: OutboxStore + warren::store::ConsumerStore + warren::store::Retention + Store<Db = Self>;
+    type S: OutboxStore
+        + warren::store::ConsumerStore
+        + warren::store::Retention
+        + warren::store::DeadLetterStore
+        + Store<Db = Self>;
 
     /// Creates billing's tables if missing (warren's are migrated by warren).
     fn create_tables(store: &Self::S) -> impl Future<Output = Result<(), StoreError>> + Send;

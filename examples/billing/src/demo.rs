@@ -132,9 +132,22 @@ pub async fn run<B: BillingDb>(
             }
             None => {}
         }
+        // With the dead-letter store on, every dead letter is in it before the
+        // count.
+        let unstored = if settings.dead_letter_store {
+            warren::broker::inspect_queue(
+                &connection,
+                &warren::topology::dead_letter_queue_name(&names.queue()),
+            )
+            .await
+            .map_or(1, |q| q.ready)
+        } else {
+            0
+        };
         if done >= e.published as u64
             && credit_done >= credit_plan.messages.len() as u64
             && pending == 0
+            && unstored == 0
         {
             break true;
         }
@@ -154,7 +167,12 @@ pub async fn run<B: BillingDb>(
         Ok(Err(err)) => return Err(format!("the consumer stopped with an error: {err}")),
         Err(err) => return Err(format!("the consumer task failed: {err}")),
     }
-    let report = status::gather::<B>(&store, &connection, names).await?;
+    let source = if settings.dead_letter_store {
+        status::DeadLetterSource::Table
+    } else {
+        status::DeadLetterSource::QueueBodies
+    };
+    let report = status::gather::<B>(&store, &connection, names, source).await?;
     let credit_state = B::credit_state(&store)
         .await
         .map_err(|e| format!("cannot read the credit tables: {e}"))?;

@@ -98,6 +98,14 @@ struct Cli {
     /// partitions of a process that died wait for another [default: 15s].
     #[arg(long, env = "BILLING_PARTITION_LEASE", global = true)]
     partition_lease: Option<String>,
+    /// Move dead letters into the database as they come, for `warren
+    /// dead-letters` to group, search and replay: on or off [default: on].
+    #[arg(long, env = "BILLING_DEAD_LETTER_STORE", global = true)]
+    dead_letter_store: Option<String>,
+    /// Payload fields to redact before a dead letter is stored, comma
+    /// separated (dotted paths into the payload) [default: none].
+    #[arg(long, env = "BILLING_DEAD_LETTER_REDACT", global = true)]
+    dead_letter_redact: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -245,6 +253,8 @@ impl Cli {
             consumer_timeout: self.consumer_timeout.clone(),
             partitions: self.partitions,
             partition_lease: self.partition_lease.clone(),
+            dead_letter_store: self.dead_letter_store.clone(),
+            dead_letter_redact: self.dead_letter_redact.clone().map(|r| vec![r]),
         };
         let file = match &self.config {
             Some(path) => config::Raw::from_file(path)?,
@@ -404,8 +414,13 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                     .await
                     .map_err(|e| e.to_string())?,
             );
+            let source = if cli.dead_letter_store {
+                status::DeadLetterSource::Table
+            } else {
+                status::DeadLetterSource::QueueDepth
+            };
             let report = db::with_store!(db, |store: B| {
-                status::gather::<B>(&store, &connection, &names).await?
+                status::gather::<B>(&store, &connection, &names, source).await?
             });
             status::print(&report);
             Ok(true)

@@ -80,6 +80,10 @@ pub struct Settings {
     pub partitions: u32,
     /// How long a partition lease lasts unrenewed.
     pub partition_lease: Duration,
+    /// Dead letters moved into the database as they come.
+    pub dead_letter_store: bool,
+    /// Payload fields redacted before a dead letter is stored.
+    pub dead_letter_redact: Vec<String>,
 }
 
 impl Default for Settings {
@@ -96,6 +100,8 @@ impl Default for Settings {
             tls: TlsOptions::default(),
             partitions: DEFAULT_PARTITIONS,
             partition_lease: DEFAULT_PARTITION_LEASE,
+            dead_letter_store: true,
+            dead_letter_redact: Vec::new(),
         }
     }
 }
@@ -195,8 +201,15 @@ pub async fn start<B: BillingDb>(
         .await
         .map_err(|e| format!("cannot create billing's tables: {e}"))?;
     declare(amqp_url, names, settings).await?;
+    let invoice_config = consumer_config(names, settings).map_err(|e| e.to_string())?;
+    // The dead letters of the invoice stream, moved into the database as they
+    // come (the credit stream's are not expected; they stay on the broker).
+    let ingester = settings.dead_letter_store.then(|| {
+        warren::admin::Ingester::new(store.clone(), &invoice_config)
+            .redacting(settings.dead_letter_redact.clone())
+    });
     let consumer = warren::Consumer::new(
-        consumer_config(names, settings).map_err(|e| e.to_string())?,
+        invoice_config,
         store.clone(),
         handlers::routes::<B>(&names.exchange()),
     );
@@ -236,8 +249,14 @@ pub async fn start<B: BillingDb>(
             )
         };
         let credit = async { report(credit.run(&url, stop_on(stop.clone())).await) };
-        let (invoices, credit) = tokio::join!(invoices, credit);
-        invoices.and(credit)
+        let ingest = async {
+            match ingester {
+                Some(ingester) => report(ingester.run(&url, stop_on(stop.clone())).await),
+                None => Ok(()),
+            }
+        };
+        let (invoices, credit, ingest) = tokio::join!(invoices, credit, ingest);
+        invoices.and(credit).and(ingest)
     });
     Ok(Running {
         stats,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use warren::admin::DeadLetterQueue;
 use warren::outbox::OutboxStatus;
-use warren::store::OutboxStore;
+use warren::store::{DeadLetterStore, OutboxStore};
 
 use crate::db::{BillingDb, Counts};
 use crate::handlers::CONSUMER;
@@ -18,22 +18,44 @@ pub struct Report {
     pub outbox: OutboxStatus,
     /// Ready messages in billing's queue.
     pub queued: u32,
-    /// Dead letters by reason.
+    /// Dead letters by reason: unresolved ones in the dead-letter store, or
+    /// (`DeadLetterSource::QueueBodies`) those in the dead-letter queue.
     pub dead_letters: BTreeMap<String, usize>,
+    /// Dead letters in the dead-letter queue not counted by reason: not
+    /// stored yet, or all of them when the store is off.
+    pub dead_letters_queued: u32,
+    /// Where the dead letters were counted.
+    pub source: DeadLetterSource,
     /// Recorded-payment events waiting in the downstream queue.
     pub recorded_queued: u32,
 }
 
 impl Report {
     pub fn dead_lettered(&self) -> usize {
-        self.dead_letters.values().sum()
+        self.dead_letters.values().sum::<usize>() + self.dead_letters_queued as usize
     }
+}
+
+/// Where `gather` counts dead letters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeadLetterSource {
+    /// The dead-letter store (unresolved letters, by reason), plus the
+    /// dead-letter queue's depth for those not stored yet. No body is read.
+    #[default]
+    Table,
+    /// The dead-letter queue's depth alone, from queue metadata: no body
+    /// is read, and no reason is known.
+    QueueDepth,
+    /// Every letter in the dead-letter queue, read to count by reason: the
+    /// demo's check when the store is off.
+    QueueBodies,
 }
 
 pub async fn gather<B: BillingDb>(
     store: &B::S,
     connection: &Arc<warren::lapin::Connection>,
     names: &Names,
+    source: DeadLetterSource,
 ) -> Result<Report, String> {
     let counts = B::counts(store, CONSUMER).await.map_err(|e| {
         if is_missing_table(&e) {
@@ -53,22 +75,50 @@ pub async fn gather<B: BillingDb>(
     };
     let queued = depth(names.queue()).await?;
     let recorded_queued = depth(names.recorded_queue()).await.unwrap_or(0);
+    let dead_letter_queue = warren::topology::dead_letter_queue_name(&names.queue());
     let mut dead_letters = BTreeMap::new();
-    for letter in DeadLetterQueue::new(Arc::clone(connection), &names.queue())
-        .list(usize::MAX)
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        // Reasons come from headers a producer could set: escaped before printing.
-        *dead_letters
-            .entry(warren::admin::printable(letter.reason()).into_owned())
-            .or_default() += 1;
+    let mut dead_letters_queued = 0;
+    match source {
+        DeadLetterSource::Table => {
+            let filter = warren::store::LetterFilter {
+                consumer: Some(CONSUMER.to_owned()),
+                ..warren::store::LetterFilter::default()
+            };
+            for group in store
+                .dead_letter_groups(&filter, 100_000)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                // Reasons come from headers a producer could set: escaped
+                // before printing.
+                *dead_letters
+                    .entry(warren::admin::printable(&group.reason).into_owned())
+                    .or_default() += group.count as usize;
+            }
+            dead_letters_queued = depth(dead_letter_queue).await.unwrap_or(0);
+        }
+        DeadLetterSource::QueueDepth => {
+            dead_letters_queued = depth(dead_letter_queue).await?;
+        }
+        DeadLetterSource::QueueBodies => {
+            for letter in DeadLetterQueue::new(Arc::clone(connection), &names.queue())
+                .list(usize::MAX)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                *dead_letters
+                    .entry(warren::admin::printable(letter.reason()).into_owned())
+                    .or_default() += 1;
+            }
+        }
     }
     Ok(Report {
         counts,
         outbox,
         queued,
         dead_letters,
+        dead_letters_queued,
+        source,
         recorded_queued,
     })
 }
@@ -92,9 +142,27 @@ pub fn print(report: &Report) {
     println!("outbox published         {}", report.outbox.published);
     println!("outbox failed            {}", report.outbox.failed.len());
     println!("queue ready              {}", report.queued);
-    println!("dead letters             {}", report.dead_lettered());
-    for (reason, n) in &report.dead_letters {
-        println!("  {reason:<22} {n}");
+    match report.source {
+        DeadLetterSource::Table => {
+            println!(
+                "dead letters unresolved  {}",
+                report.dead_letters.values().sum::<usize>()
+            );
+            for (reason, n) in &report.dead_letters {
+                println!("  {reason:<22} {n}");
+            }
+            println!("dead letters not stored  {}", report.dead_letters_queued);
+        }
+        DeadLetterSource::QueueDepth => {
+            println!("dead letters (queue)     {}", report.dead_letters_queued);
+            println!("  the dead-letter store is off: `warren dlq list` reads the queue");
+        }
+        DeadLetterSource::QueueBodies => {
+            println!("dead letters             {}", report.dead_lettered());
+            for (reason, n) in &report.dead_letters {
+                println!("  {reason:<22} {n}");
+            }
+        }
     }
 }
 
