@@ -83,6 +83,8 @@ pub mod guide {
     pub mod testing {}
     #[doc = include_str!("../docs/failures.md")]
     pub mod failures {}
+    #[doc = include_str!("../docs/dead-letters.md")]
+    pub mod dead_letters {}
     #[doc = include_str!("../docs/ordering.md")]
     pub mod ordering {}
     #[doc = include_str!("../docs/production.md")]

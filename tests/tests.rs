@@ -14,6 +14,7 @@ mod blame;
 mod conflicts;
 #[cfg(feature = "failpoints")]
 mod crash;
+mod dead_letter_scale;
 mod dead_letters;
 mod failures;
 mod frames;
