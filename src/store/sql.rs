@@ -258,6 +258,16 @@ macro_rules! bind_all {
     }};
 }
 
+/// Runs a statement built at run time with the values of `Conditions` `$c`
+/// on `$on` (a pool or a connection): `fetch_all` (the rows) or `execute`.
+macro_rules! run_built {
+    ($on:expr, $sql:expr, $c:expr, $how:ident) => {
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe($sql)), $c.binds)
+            .$how($on)
+            .await?
+    };
+}
+
 // After the macros: the outbox half, the dead letters and the journal use them too.
 mod dead_letters;
 mod journal;

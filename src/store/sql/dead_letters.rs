@@ -165,9 +165,7 @@ shared_impl! {
                  LIMIT {limit_ph}",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter()
                 .map(|row| {
                     Ok(DeadLetterGroup {
@@ -210,9 +208,7 @@ shared_impl! {
                  LIMIT {limit_ph}",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter().map(|row| listed::<D>(row)).collect()
         }
 
@@ -228,9 +224,7 @@ shared_impl! {
                  FROM warren_dead_letters {}",
                 c.where_clause()
             );
-            let row = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_optional(&self.pool)
-                .await?;
+            let row = run_built!(&self.pool, sql, c, fetch_optional);
             row.map(|row| {
                 Ok(DeadLetterRecord {
                     letter: listed::<D>(&row)?,
@@ -270,9 +264,7 @@ shared_impl! {
             );
             let _turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            let done = run_built!(&mut *tx, sql, c, execute);
             let n = D::rows_affected(&done);
             audit_in::<D>(&mut tx, actor, "resolve", &filter.describe(), &format!("{n} letters"), false)
                 .await?;
@@ -295,9 +287,7 @@ shared_impl! {
             );
             let _turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            let done = run_built!(&mut *tx, sql, c, execute);
             let n = D::rows_affected(&done);
             let detail = format!("{n} letters moved to group {group}");
             audit_in::<D>(&mut tx, actor, "reclassify", &filter.describe(), &detail, false).await?;
@@ -325,9 +315,7 @@ shared_impl! {
             let mut c = Conditions::<D>::new();
             c.push("group_key =", Bind::Text(group.to_owned()));
             let sql = format!("DELETE FROM warren_dead_letter_mutes {}", c.where_clause());
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            run_built!(&mut *tx, sql, c, execute);
             let mut c = Conditions::<D>::new();
             let values = [
                 c.value(Bind::Text(group.to_owned())),
@@ -344,9 +332,7 @@ shared_impl! {
                  VALUES ({})",
                 values.join(", ")
             );
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            run_built!(&mut *tx, sql, c, execute);
             let mute = GroupMute {
                 group_key: group.to_owned(),
                 until,
@@ -370,9 +356,7 @@ shared_impl! {
             let mut c = Conditions::<D>::new();
             c.push("group_key =", Bind::Text(group.to_owned()));
             let sql = format!("DELETE FROM warren_dead_letter_mutes {}", c.where_clause());
-            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            let done = run_built!(&mut *tx, sql, c, execute);
             let was = D::rows_affected(&done) > 0;
             if was {
                 audit_in::<D>(&mut tx, actor, "unmute", group, "", false).await?;
@@ -422,9 +406,7 @@ shared_impl! {
                 c.where_clause()
             );
             let _turn = self.write_turn().await?;
-            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&self.pool)
-                .await?;
+            let done = run_built!(&self.pool, sql, c, execute);
             Ok(D::rows_affected(&done))
         }
 
@@ -450,9 +432,7 @@ shared_impl! {
                 "SELECT at, operator, os_user, action, target, detail, forced
                  FROM warren_audit ORDER BY id DESC LIMIT {limit}"
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter()
                 .map(|row| {
                     Ok(AuditEntry {
@@ -481,9 +461,7 @@ shared_impl! {
                  FROM warren_dead_letters {} LIMIT {limit}",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter()
                 .map(|row| {
                     Ok(ReplayCandidate {
@@ -531,9 +509,7 @@ shared_impl! {
                  VALUES ({})",
                 values.join(", ")
             );
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            run_built!(&mut *tx, sql, c, execute);
             // Many rows a statement: a run of 100 000 letters is 200
             // statements, not 100 000 round trips.
             for (chunk_no, chunk) in letters.chunks(REPLAY_ROWS_PER_INSERT).enumerate() {
@@ -562,9 +538,7 @@ shared_impl! {
                      VALUES {}",
                     rows.join(", ")
                 );
-                bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                    .execute(&mut *tx)
-                    .await?;
+                run_built!(&mut *tx, sql, c, execute);
             }
             let detail = format!("run {run_id}: {} letters", letters.len());
             audit_in::<D>(&mut tx, actor, "replay", selection, &detail, forced).await?;
@@ -583,9 +557,7 @@ shared_impl! {
                  FROM warren_replay_runs r {}",
                 c.where_clause()
             );
-            let row = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_optional(&self.pool)
-                .await?;
+            let row = run_built!(&self.pool, sql, c, fetch_optional);
             row.map(|row| {
                 Ok(ReplayRun {
                     run_id: row.try_get(0)?,
@@ -615,9 +587,7 @@ shared_impl! {
                  ORDER BY seq LIMIT {limit}",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter()
                 .map(|row| {
                     Ok(PendingReplay {
@@ -637,9 +607,7 @@ shared_impl! {
                  FROM warren_replays {} ORDER BY created_at, seq",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter()
                 .map(|row| {
                     Ok(LetterReplay {
@@ -666,9 +634,7 @@ shared_impl! {
             let at = c.value(Bind::Time(D::time(now)));
             c.push("replay_id =", Bind::Text(replay.replay_id.clone()));
             let sql = format!("UPDATE warren_replays SET published_at = {at} {}", c.where_clause());
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            run_built!(&mut *tx, sql, c, execute);
             let mut c = Conditions::<D>::new();
             let state = c.value(Bind::Text(LetterState::Replayed.as_str().to_owned()));
             let last = c.value(Bind::Text(replay.replay_id.clone()));
@@ -681,9 +647,7 @@ shared_impl! {
                  {}",
                 c.where_clause()
             );
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            run_built!(&mut *tx, sql, c, execute);
             tx.commit().await?;
             Ok(())
         }
@@ -704,9 +668,7 @@ shared_impl! {
                 c.where_clause()
             );
             let _turn = self.write_turn().await?;
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&self.pool)
-                .await?;
+            run_built!(&self.pool, sql, c, execute);
             Ok(())
         }
 
@@ -731,9 +693,7 @@ shared_impl! {
                  SET edited_body = {b}, edited_by = {by}, edit_reason = {why}, edited_at = {at} {}",
                 c.where_clause()
             );
-            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            let done = run_built!(&mut *tx, sql, c, execute);
             if D::rows_affected(&done) == 0 {
                 return Ok(false);
             }
@@ -758,9 +718,7 @@ shared_impl! {
             let mut c = Conditions::<D>::new();
             c.push("name =", Bind::Text(EDIT_SETTING.to_owned()));
             let sql = format!("DELETE FROM warren_settings {}", c.where_clause());
-            bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&mut *tx)
-                .await?;
+            run_built!(&mut *tx, sql, c, execute);
             sqlx::query(D::SQL.insert_setting)
                 .bind(EDIT_SETTING)
                 .bind(value)
@@ -779,9 +737,7 @@ shared_impl! {
                  GROUP BY group_key ORDER BY COUNT(*) DESC",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             let mut unresolved_by_group = Vec::with_capacity(rows.len());
             let mut oldest_unresolved: Option<DateTime<Utc>> = None;
             for row in &rows {
@@ -845,9 +801,7 @@ where
          VALUES ({})",
         values.join(", ")
     );
-    bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-        .execute(&mut *conn)
-        .await?;
+    run_built!(&mut *conn, sql, c, execute);
     Ok(())
 }
 

@@ -51,9 +51,7 @@ shared_impl! {
             entries: &'a [JournalEntry],
         ) -> Result<(), StoreError> {
             for (sql, c) in inserts::<D>(entries) {
-                bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                    .execute(tx.conn())
-                    .await?;
+                run_built!(tx.conn(), sql, c, execute);
             }
             Ok(())
         }
@@ -65,9 +63,7 @@ shared_impl! {
             let _turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
             for (sql, c) in inserts::<D>(entries) {
-                bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                    .execute(&mut *tx)
-                    .await?;
+                run_built!(&mut *tx, sql, c, execute);
             }
             tx.commit().await?;
             Ok(())
@@ -92,9 +88,7 @@ shared_impl! {
                  {} ORDER BY j.id LIMIT {limit}",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter().map(entry::<D>).collect()
         }
 
@@ -105,9 +99,7 @@ shared_impl! {
                 "SELECT {COLUMNS} FROM warren_journal j {} ORDER BY j.id",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter().map(entry::<D>).collect()
         }
 
@@ -125,9 +117,7 @@ shared_impl! {
                 "SELECT {COLUMNS} FROM warren_journal j {} ORDER BY j.id LIMIT {limit}",
                 c.where_clause()
             );
-            let rows = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter().map(entry::<D>).collect()
         }
 
@@ -143,9 +133,7 @@ shared_impl! {
                 c.where_clause()
             );
             let _turn = self.write_turn().await?;
-            let done = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), c.binds)
-                .execute(&self.pool)
-                .await?;
+            let done = run_built!(&self.pool, sql, c, execute);
             Ok(D::rows_affected(&done))
         }
     }
