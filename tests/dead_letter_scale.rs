@@ -18,6 +18,7 @@ const LETTERS: i64 = 100_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: about ten minutes on the CI machine"]
+#[allow(clippy::print_stdout)] // the timings are what it is for
 async fn a_hundred_thousand_letters_are_found_fast_and_replayed_once_through_an_interruption() {
     type B = sqlx::Postgres;
     let db = <B as Backend>::create().await;
