@@ -750,3 +750,46 @@ fn each_guard_cause_is_dead_lettered_under_the_reason_of_its_name() {
         assert_eq!(reason_of(cause).as_str(), cause.as_str());
     }
 }
+
+/// A replayed copy keeps its replay id through the retry tiers, signed, and
+/// its applied outcome is journaled in the transaction that applies it: a
+/// careful replay waits on exactly that row.
+#[tokio::test]
+async fn a_replayed_copy_keeps_its_replay_id_through_retries_and_journals_its_outcome() {
+    use crate::store::Journal;
+    let f = fixture().await;
+    let m = Outgoing::new(
+        EVENT,
+        1,
+        &Job {
+            fail_until: 1,
+            ..Job::ok()
+        },
+    )
+    .unwrap();
+    let mut headers = m.properties().headers().clone().unwrap_or_default();
+    headers.insert(
+        crate::headers::HEADER_REPLAY_ID.into(),
+        crate::amqp::text("run.1"),
+    );
+    f.pipeline.signer().sign(&m.meta().message_id, &mut headers);
+    f.run(f.delivery(m.body(), m.properties().with_headers(headers), false))
+        .await;
+    let copy = f.copy_from("q.retry.100ms");
+    let trusted = f.pipeline.signer().trusted(&copy.properties);
+    let replay_id = trusted
+        .headers()
+        .as_ref()
+        .and_then(|h| crate::amqp::header_str(h, crate::headers::HEADER_REPLAY_ID))
+        .map(|s| s.into_owned());
+    assert_eq!(replay_id.as_deref(), Some("run.1"), "signed, and kept");
+    f.run(copy).await;
+    assert_eq!(f.stats().applied, 1);
+    let journal = f.pipeline.store.journal_of_replay("run.1").await.unwrap();
+    let outcomes: Vec<&str> = journal.iter().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(
+        outcomes,
+        ["applied"],
+        "written with the effect (the retried row goes through the writer, not running here)"
+    );
+}
