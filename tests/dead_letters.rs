@@ -554,7 +554,7 @@ async fn a_letter_replayed_that_fails_again_is_a_second_letter<B: Backend>() {
 /// A replay run stopped halfway resumes where it stopped; letters older
 /// than the inbox window are refused unless forced, and forcing is audited.
 async fn an_interrupted_replay_resumes_and_replays_each_letter_once<B: Backend>() {
-    const N: usize = 40;
+    const N: usize = 200;
     let db = B::create().await;
     let broker = TestBroker::new().await;
     let config: ConsumerConfig = broker.config();

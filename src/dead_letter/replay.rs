@@ -14,7 +14,7 @@ use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection};
 
 use super::queue::{in_version_order, replay_properties_of};
-use crate::broker::{BrokerError, Publisher};
+use crate::broker::{BatchItem, BrokerError, Publisher};
 use crate::headers::{HEADER_REPLAY_ID, Signer};
 use crate::store::{
     Actor, DeadLetterStore, Journal, LetterFilter, PendingReplay, ReplayCandidate, ReplayRun,
@@ -27,6 +27,10 @@ pub const MAX_REPLAY_RUN: u32 = 1_000_000;
 
 /// Letters read per step of a run.
 const STEP: u32 = 500;
+
+/// Letters published together, their confirms awaited at once, when no
+/// rate is set.
+const CHUNK: usize = 64;
 
 /// Why a replay did not start, or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -304,7 +308,11 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
             if pending.is_empty() {
                 return self.no_failure_in(run_id).await;
             }
-            for replay in &pending {
+            // Unpaced, the confirms of a chunk are awaited together: one
+            // round trip to the broker and one commit per chunk, not per
+            // letter. Paced, one letter a tick.
+            let chunk = if pace.is_some() { 1 } else { CHUNK };
+            for replays in pending.chunks(chunk) {
                 if let Some(p) = pace.as_mut() {
                     p.tick().await;
                 }
@@ -312,10 +320,48 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
                     self.no_failure_in(run_id).await?;
                     checked = tokio::time::Instant::now();
                 }
-                self.publish_one(replay, signer, publisher).await?;
-                self.store.replay_published(replay).await?;
-                progress(replay);
+                self.publish_chunk(replays, signer, publisher, progress)
+                    .await?;
             }
+        }
+    }
+
+    /// Publishes `replays`, their confirms awaited together, and marks those
+    /// confirmed (in one transaction); the first failure, if any, after.
+    async fn publish_chunk(
+        &self,
+        replays: &[PendingReplay],
+        signer: &Signer,
+        publisher: &Publisher,
+        progress: &mut impl FnMut(&PendingReplay),
+    ) -> Result<(), ReplayError> {
+        let mut copies = Vec::with_capacity(replays.len());
+        for replay in replays {
+            copies.push(self.copy_of(replay, signer).await?);
+        }
+        let items: Vec<BatchItem<'_>> = copies
+            .iter()
+            .map(|(queue, body, properties)| BatchItem {
+                exchange: "",
+                routing_key: queue,
+                body,
+                properties: properties.clone(),
+            })
+            .collect();
+        let results = publisher.publish_batch(&items).await;
+        let confirmed: Vec<PendingReplay> = replays
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.store.replays_published(&confirmed).await?;
+        for p in &confirmed {
+            progress(p);
+        }
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
     }
 
@@ -332,9 +378,8 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
         let first_id = format!("{run_id}.1");
         let pending = self.store.pending_replays(run_id, 1).await?;
         if let Some(first) = pending.first().filter(|p| p.seq == 1) {
-            self.publish_one(first, signer, publisher).await?;
-            self.store.replay_published(first).await?;
-            progress(first);
+            self.publish_chunk(std::slice::from_ref(first), signer, publisher, progress)
+                .await?;
         }
         self.outcome_of(&first_id, timeout).await?;
         self.no_failure_in(run_id).await
@@ -360,12 +405,12 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
         }
     }
 
-    async fn publish_one(
+    /// Where a letter's copy goes, its body and its properties.
+    async fn copy_of(
         &self,
         replay: &PendingReplay,
         signer: &Signer,
-        publisher: &Publisher,
-    ) -> Result<(), ReplayError> {
+    ) -> Result<(String, Vec<u8>, BasicProperties), ReplayError> {
         let unreadable = |why: String| ReplayError::Unreadable {
             letter_id: replay.letter_id.clone(),
             why,
@@ -378,10 +423,8 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
         let dead: BasicProperties = serde_json::from_str(&record.properties)
             .map_err(|e| unreadable(format!("its stored properties do not read: {e}")))?;
         let properties = replay_copy(&dead, &replay.replay_id, signer);
-        publisher
-            .publish_raw("", &record.letter.queue, record.body_to_send(), properties)
-            .await?;
-        Ok(())
+        let body = record.body_to_send().to_vec();
+        Ok((record.letter.queue, body, properties))
     }
 }
 

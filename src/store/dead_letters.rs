@@ -571,11 +571,11 @@ store_trait! {
             letter_id: &'a str,
         ) -> impl Future<Output = Result<Vec<LetterReplay>, StoreError>> + Send + 'a;
 
-        /// Records a confirmed publish: the replay row's time, and the letter
+        /// Records confirmed publishes: each replay row's time, and each letter
         /// replayed, in one transaction.
-        fn replay_published<'a>(
+        fn replays_published<'a>(
             &'a self,
-            replay: &'a PendingReplay,
+            replays: &'a [PendingReplay],
         ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
         /// Ends a run: `finished`, or `stopped` with why.

@@ -626,28 +626,34 @@ shared_impl! {
                 .collect()
         }
 
-        async fn replay_published<'a>(&'a self, replay: &'a PendingReplay) -> Result<(), StoreError> {
+        async fn replays_published<'a>(&'a self, replays: &'a [PendingReplay]) -> Result<(), StoreError> {
+            if replays.is_empty() {
+                return Ok(());
+            }
             let now = Utc::now();
             let _turn = self.write_turn().await?;
             let mut tx = self.pool.begin_with(D::SQL.begin).await?;
-            let mut c = Conditions::<D>::new();
-            let at = c.value(Bind::Time(D::time(now)));
-            c.push("replay_id =", Bind::Text(replay.replay_id.clone()));
-            let sql = format!("UPDATE warren_replays SET published_at = {at} {}", c.where_clause());
-            run_built!(&mut *tx, sql, c, execute);
-            let mut c = Conditions::<D>::new();
-            let state = c.value(Bind::Text(LetterState::Replayed.as_str().to_owned()));
-            let last = c.value(Bind::Text(replay.replay_id.clone()));
-            let at = c.value(Bind::Time(D::time(now)));
-            c.push("letter_id =", Bind::Text(replay.letter_id.clone()));
-            let sql = format!(
-                "UPDATE warren_dead_letters
-                 SET state = {state}, replay_count = replay_count + 1, last_replay_id = {last},
-                     state_changed_at = {at}
-                 {}",
-                c.where_clause()
-            );
-            run_built!(&mut *tx, sql, c, execute);
+            for replay in replays {
+                let mut c = Conditions::<D>::new();
+                let at = c.value(Bind::Time(D::time(now)));
+                c.push("replay_id =", Bind::Text(replay.replay_id.clone()));
+                let sql =
+                    format!("UPDATE warren_replays SET published_at = {at} {}", c.where_clause());
+                run_built!(&mut *tx, sql, c, execute);
+                let mut c = Conditions::<D>::new();
+                let state = c.value(Bind::Text(LetterState::Replayed.as_str().to_owned()));
+                let last = c.value(Bind::Text(replay.replay_id.clone()));
+                let at = c.value(Bind::Time(D::time(now)));
+                c.push("letter_id =", Bind::Text(replay.letter_id.clone()));
+                let sql = format!(
+                    "UPDATE warren_dead_letters
+                     SET state = {state}, replay_count = replay_count + 1, last_replay_id = {last},
+                         state_changed_at = {at}
+                     {}",
+                    c.where_clause()
+                );
+                run_built!(&mut *tx, sql, c, execute);
+            }
             tx.commit().await?;
             Ok(())
         }
