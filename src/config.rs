@@ -11,7 +11,7 @@ mod validate;
 pub use builder::ConsumerConfigBuilder;
 pub use isolation::{BatchIsolation, MAX_SUBTRANSACTIONS};
 pub(crate) use settings::ConsumerConfig;
-pub use settings::JournalMode;
+pub use settings::{DEFAULT_JOURNAL_RETENTION, JournalMode};
 
 pub use crate::config_error::ConfigError;
 

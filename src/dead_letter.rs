@@ -13,8 +13,7 @@ pub use edit::{EditError, edit_letter, set_payload_fields};
 pub use fingerprint::{error_shape, fingerprint};
 pub use identity::{letter_id, letter_id_of_content};
 pub use ingest::{
-    DEFAULT_JOURNAL_RETENTION, DEFAULT_MAX_STORED_BODY, DEFAULT_RESOLVED_RETENTION, Ingester,
-    REDACTED, unstored_queue_name,
+    DEFAULT_MAX_STORED_BODY, DEFAULT_RESOLVED_RETENTION, Ingester, REDACTED, unstored_queue_name,
 };
 pub use queue::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use record::DeadLetterInfo;

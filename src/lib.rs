@@ -151,11 +151,10 @@ pub mod version;
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
-        CopyOutcome, DEFAULT_JOURNAL_RETENTION, DEFAULT_MAX_STORED_BODY,
-        DEFAULT_RESOLVED_RETENTION, DeadLetter, DeadLetterInfo, DeadLetterQueue, EditError,
-        Ingester, MAX_REPLAY_RUN, REDACTED, ReplayError, ReplayReport, Replayed, Replayer,
-        Selection, edit_letter, error_shape, fingerprint, letter_id, letter_id_of_content,
-        set_payload_fields, unstored_queue_name,
+        CopyOutcome, DEFAULT_MAX_STORED_BODY, DEFAULT_RESOLVED_RETENTION, DeadLetter,
+        DeadLetterInfo, DeadLetterQueue, EditError, Ingester, MAX_REPLAY_RUN, REDACTED,
+        ReplayError, ReplayReport, Replayed, Replayer, Selection, edit_letter, error_shape,
+        fingerprint, letter_id, letter_id_of_content, set_payload_fields, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

@@ -119,7 +119,11 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         registry: Registry<S::Db>,
         barrier: SoloBarrier,
     ) -> Self {
-        let (config_journal, config_name) = (config.journal, config.name.clone());
+        let (config_journal, journal_retention, config_name) = (
+            config.journal,
+            config.journal_retention,
+            config.name.clone(),
+        );
         Self {
             telemetry: Telemetry::new(&config.name, &config.queue),
             batch_size: BatchSize::new(config.batch_size()),
@@ -131,7 +135,11 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             barrier,
             seat: None,
             forwarded: Default::default(),
-            journal: std::sync::Arc::new(journal::JournalSink::new(config_journal, &config_name)),
+            journal: std::sync::Arc::new(journal::JournalSink::new(
+                config_journal,
+                journal_retention,
+                &config_name,
+            )),
         }
     }
 

@@ -27,6 +27,7 @@ on_all_backends!(
     an_interrupted_replay_resumes_and_replays_each_letter_once,
     careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id,
     an_edit_is_checked_kept_beside_the_original_audited_and_replayed,
+    the_consumer_keeps_its_journal_within_its_retention,
     a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
 );
 
@@ -929,6 +930,59 @@ async fn an_edit_is_checked_kept_beside_the_original_audited_and_replayed<B: Bac
     ingesting.stop().await;
     assert_eq!(db.effects_for(&id).await, 1);
 
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Each consumer deletes its journal's rows past their retention, whether or
+/// not an ingester runs; younger rows stay.
+async fn the_consumer_keeps_its_journal_within_its_retention<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_journal_retention(Some(Duration::from_secs(86_400)))
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let entry = |id: &str, age_days: i64| JournalEntry {
+        consumer: config.name().to_owned(),
+        message_id: id.to_owned(),
+        replay_id: String::new(),
+        outcome: "duplicate".into(),
+        detail: String::new(),
+        at: Utc::now() - chrono::Duration::days(age_days),
+    };
+    db.store
+        .write_journal(&[entry("old", 2), entry("young", 0)])
+        .await
+        .unwrap();
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let name = config.name().to_owned();
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            db.store
+                .journal_of_message(&name, "old", 10)
+                .await
+                .unwrap()
+                .is_empty()
+        })
+        .await,
+        "the old row is deleted"
+    );
+    running.stop().await.unwrap();
+    assert_eq!(
+        db.store
+            .journal_of_message(&name, "young", 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     broker.cleanup().await;
     db.drop_db().await;
 }

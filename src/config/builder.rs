@@ -144,6 +144,15 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets how long delivery-journal rows are kept (default
+    /// [`DEFAULT_JOURNAL_RETENTION`](crate::config::DEFAULT_JOURNAL_RETENTION),
+    /// 30 days); the consumer deletes older ones every hour. `None` keeps
+    /// them.
+    pub fn with_journal_retention(mut self, age: Option<Duration>) -> Self {
+        self.config.journal_retention = age;
+        self
+    }
+
     /// Sets the shutdown deadline.
     pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.config.shutdown_timeout = timeout;

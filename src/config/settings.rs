@@ -70,6 +70,8 @@ pub struct ConsumerConfig {
     /// What the delivery journal records besides the outcomes of replayed
     /// copies (always journaled: careful replay depends on them).
     pub(crate) journal: JournalMode,
+    /// How long journal rows are kept: the consumer deletes older ones.
+    pub(crate) journal_retention: Option<Duration>,
     /// How long in-flight messages may take to finish after shutdown is requested.
     pub(crate) shutdown_timeout: Duration,
     /// Delay tiers, attempt limit and poison limit.
@@ -122,6 +124,7 @@ impl ConsumerConfig {
                 conflict_retries: DEFAULT_CONFLICT_RETRIES,
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 journal: JournalMode::Outcomes,
+                journal_retention: Some(DEFAULT_JOURNAL_RETENTION),
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
                 retry: RetryPolicy::default(),
                 failure_backoff: DEFAULT_FAILURE_BACKOFF,
@@ -319,6 +322,9 @@ impl ConsumerConfig {
         retry_queue_name(&self.queue, delay)
     }
 }
+
+/// How long delivery-journal rows are kept by default: 30 days.
+pub const DEFAULT_JOURNAL_RETENTION: Duration = Duration::from_secs(30 * 86_400);
 
 /// What the delivery journal (`warren_journal`) records. The outcome of a
 /// replayed copy (one that carries `x-warren-replay-id`) is journaled in

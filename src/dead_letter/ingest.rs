@@ -28,7 +28,7 @@ use crate::config::ConsumerConfig;
 use crate::error::Error;
 use crate::headers::{HEADER_ENTITY, HEADER_LETTER_ID, HEADER_REPLAY_ID, HEADER_VERSION, Signer};
 use crate::shutdown::cancel_on;
-use crate::store::{DeadLetterStore, Journal, LetterState, NewDeadLetter, SigningKey, StoreError};
+use crate::store::{DeadLetterStore, LetterState, NewDeadLetter, SigningKey, StoreError};
 use crate::tls::TlsOptions;
 use crate::topology::{QueueSpec, Topology};
 
@@ -39,9 +39,6 @@ pub const DEFAULT_MAX_STORED_BODY: usize = 8 * 1024 * 1024;
 
 /// How long resolved and replayed letters are kept by default: 30 days.
 pub const DEFAULT_RESOLVED_RETENTION: Duration = Duration::from_secs(30 * 86_400);
-
-/// How long journal entries are kept by default: 30 days.
-pub const DEFAULT_JOURNAL_RETENTION: Duration = Duration::from_secs(30 * 86_400);
 
 /// Groups with a series of their own in `dead_letters_unresolved_by_group`.
 const GROUP_SERIES: usize = 20;
@@ -87,11 +84,10 @@ pub struct Ingester<S> {
     redact: Vec<String>,
     max_body: usize,
     retention: Option<Duration>,
-    journal_retention: Option<Duration>,
     housekeeping: Duration,
 }
 
-impl<S: DeadLetterStore + SigningKey + Journal> Ingester<S> {
+impl<S: DeadLetterStore + SigningKey> Ingester<S> {
     /// An ingester for the dead-letter queue of the consumer `config`
     /// describes, storing into `store`.
     pub fn new(store: S, config: &ConsumerConfig) -> Self {
@@ -104,7 +100,6 @@ impl<S: DeadLetterStore + SigningKey + Journal> Ingester<S> {
             redact: Vec::new(),
             max_body: DEFAULT_MAX_STORED_BODY,
             retention: Some(DEFAULT_RESOLVED_RETENTION),
-            journal_retention: Some(DEFAULT_JOURNAL_RETENTION),
             housekeeping: Duration::from_secs(30),
         }
     }
@@ -131,13 +126,6 @@ impl<S: DeadLetterStore + SigningKey + Journal> Ingester<S> {
     /// purge` does that, when told to.
     pub fn with_retention(mut self, age: Option<Duration>) -> Self {
         self.retention = age;
-        self
-    }
-
-    /// Deletes journal entries older than `age` (default
-    /// [`DEFAULT_JOURNAL_RETENTION`]); `None` keeps them.
-    pub fn with_journal_retention(mut self, age: Option<Duration>) -> Self {
-        self.journal_retention = age;
         self
     }
 
@@ -177,7 +165,8 @@ impl<S: DeadLetterStore + SigningKey + Journal> Ingester<S> {
     }
 
     /// One pass: the gauges from the table, then retention in bounded
-    /// batches.
+    /// batches. (The journal's retention is its consumer's: see
+    /// [`with_journal_retention`](crate::config::ConsumerConfigBuilder::with_journal_retention).)
     pub async fn housekeeping_pass(&self) -> Result<(), StoreError> {
         let stats = self.store.dead_letter_stats().await?;
         let mutes = self.store.group_mutes().await?;
@@ -224,9 +213,6 @@ impl<S: DeadLetterStore + SigningKey + Journal> Ingester<S> {
                     == u64::from(PURGE_BATCH)
                 {}
             }
-        }
-        if let Some(cutoff) = self.journal_retention.and_then(crate::retention::cutoff) {
-            while self.store.purge_journal(cutoff, PURGE_BATCH).await? == u64::from(PURGE_BATCH) {}
         }
         Ok(())
     }

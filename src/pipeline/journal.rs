@@ -23,17 +23,22 @@ const QUEUE: usize = 8192;
 /// Entries written per transaction, at most.
 const BATCH: usize = 500;
 
+/// Rows deleted per statement by retention.
+const PURGE_BATCH: u32 = 1000;
+
 /// Where a consumer's journal entries go.
 pub(crate) struct JournalSink {
     mode: JournalMode,
+    retention: Option<Duration>,
     consumer: String,
     queue: OnceLock<mpsc::Sender<JournalEntry>>,
 }
 
 impl JournalSink {
-    pub(crate) fn new(mode: JournalMode, consumer: &str) -> Self {
+    pub(crate) fn new(mode: JournalMode, retention: Option<Duration>, consumer: &str) -> Self {
         Self {
             mode,
+            retention,
             consumer: consumer.to_owned(),
             queue: OnceLock::new(),
         }
@@ -87,6 +92,9 @@ impl JournalSink {
         let (tx, rx) = mpsc::channel(QUEUE);
         self.queue.set(tx).ok()?;
         let consumer = self.consumer.clone();
+        if let Some(age) = self.retention {
+            tokio::spawn(purge_every_hour(store.clone(), age, stop.clone()));
+        }
         Some(tokio::spawn(write(store, rx, stop, consumer)))
     }
 }
@@ -133,6 +141,30 @@ async fn write<S: Journal>(
         }
     }
     flush(&store, &mut batch, &consumer).await;
+}
+
+/// Deletes journal rows older than `age`, in bounded batches, at start and
+/// every hour until `stop`. Every consumer on the database does; the deletes
+/// are idempotent.
+async fn purge_every_hour<S: Journal>(store: S, age: Duration, stop: CancellationToken) {
+    loop {
+        if let Some(cutoff) = crate::retention::cutoff(age) {
+            loop {
+                match store.purge_journal(cutoff, PURGE_BATCH).await {
+                    Ok(n) if n == u64::from(PURGE_BATCH) => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "delivery journal retention failed; trying again in an hour");
+                        break;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
+    }
 }
 
 async fn flush<S: Journal>(store: &S, batch: &mut Vec<JournalEntry>, consumer: &str) {

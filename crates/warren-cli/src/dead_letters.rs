@@ -463,7 +463,7 @@ async fn show<S: DeadLetterStore + Journal>(
     println!("message id:  {}", id(&l.message_id));
     println!("type:        {}", printable(&l.event_type));
     println!("reason:      {}", printable(&l.reason));
-    println!("group:       {}", l.group_key);
+    println!("group:       {}", printable(&l.group_key));
     println!("attempts:    {}", l.attempts);
     println!("consumer:    {}", printable(&l.consumer));
     println!("queue:       {}", printable(&l.queue));
@@ -561,7 +561,7 @@ fn print_groups(groups: &[DeadLetterGroup], mutes: &[GroupMute], json: bool) {
     for g in groups {
         println!(
             "{:<16} {:>7} {:<19} {:<19} {:<28} {:<22} {}{}",
-            g.group_key,
+            one_line(&g.group_key, 64),
             g.count,
             time(g.first_seen),
             time(g.last_seen),

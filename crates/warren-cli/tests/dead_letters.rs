@@ -12,6 +12,78 @@ use crate::util::{Backend, Running, TestBroker, routes, wait_for};
 
 on_all_backends!(the_dead_letter_store_from_the_command_line);
 
+/// What a producer put in a letter cannot drive the operator's terminal:
+/// escape sequences and bidi overrides come out escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_characters_from_letters_are_escaped() {
+    use warren::lapin::BasicProperties;
+    let db = <sqlx::Sqlite as Backend>::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
+    let body = "not json: \u{1b}[31m red \u{202e} reversed \u{7}";
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &broker.dead_letter_queue(),
+            body.as_bytes(),
+            BasicProperties::default()
+                .with_message_id("evil\u{1b}[31m".into())
+                .with_type("type\u{202e}gnp.exe".into())
+                .with_correlation_id("c\u{7}".into()),
+        )
+        .await
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
+    let task = tokio::spawn(async move {
+        ingester
+            .run(&crate::util::amqp_url(), async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let url = db.url.clone();
+    let list =
+        || async { warren(&["dead-letters", "--database-url", &url, "list", "--json"]).await };
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            text(&list().await).0.lines().count() == 1
+        })
+        .await
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    let letter: serde_json::Value = serde_json::from_str(text(&list().await).0.trim()).unwrap();
+    let id = letter["letterId"].as_str().unwrap().to_owned();
+    for args in [
+        vec!["groups"],
+        vec!["list"],
+        vec!["show", id.as_str(), "--show-payload"],
+    ] {
+        let mut all = vec!["dead-letters", "--database-url", url.as_str()];
+        all.extend(args.iter().copied());
+        let out = warren(&all).await;
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        for printed in [&stdout, &stderr] {
+            assert!(
+                !printed.contains('\u{1b}')
+                    && !printed.contains('\u{202e}')
+                    && !printed.contains('\u{7}'),
+                "{args:?} printed a control character: {printed:?}"
+            );
+        }
+        assert!(
+            stdout.contains("type\\u{202e}gnp.exe"),
+            "shown, escaped: {args:?}: {stdout}"
+        );
+    }
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
 async fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
     let out = warren(args).await;
     assert!(out.status.success(), "{args:?}: {}", text(&out).1);
