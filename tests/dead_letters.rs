@@ -816,6 +816,7 @@ async fn careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id<B: Back
         .unwrap();
     let outcomes: Vec<&str> = journal.iter().map(|e| e.outcome.as_str()).collect();
     assert!(outcomes.contains(&"dead-lettered"), "{outcomes:?}");
+    assert!(outcomes.contains(&"replayed"), "{outcomes:?}");
     running.stop().await.unwrap();
     ingesting.stop().await;
     for m in &messages {

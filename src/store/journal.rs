@@ -18,7 +18,8 @@ pub struct JournalEntry {
     /// The replay that sent this copy ("" if none).
     pub replay_id: String,
     /// `applied`, `duplicate`, `stale`, `retried`, `parked`,
-    /// `dead-lettered`, `returned` or `forwarded`.
+    /// `dead-lettered`, `returned` or `forwarded`; `replayed` when a replay
+    /// published the copy.
     pub outcome: String,
     /// The error, for a failure; else "".
     pub detail: String,

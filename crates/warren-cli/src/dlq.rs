@@ -85,12 +85,21 @@ fn print_one(l: &DeadLetter, show_payload: bool) {
             println!(
                 "  {}: {}",
                 printable(k.as_str()),
-                printable(&format!("{v:?}"))
+                printable(&header_text(v))
             );
         }
     }
     if show_payload {
         print_payload(l);
+    }
+}
+
+/// A header value as text: a string as itself (warren's own headers are
+/// long strings, which the client holds as bytes), anything else as JSON.
+fn header_text(value: &lapin::types::AMQPValue) -> String {
+    match warren::amqp::value_to_json(value) {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
     }
 }
 

@@ -257,8 +257,12 @@ async fn list_show_purge_and_argument_errors() {
     let (out, _) = text(&show);
     assert!(show.status.success());
     assert!(
-        out.contains(&ids[1]) && out.contains("x-warren-reason"),
+        out.contains(&ids[1]) && out.contains("x-warren-reason: permanent-failure"),
         "{out}"
+    );
+    assert!(
+        !out.contains("LongString"),
+        "headers decoded as text: {out}"
     );
     let missing = warren(&["dlq", "show", q, "no-such-id"]).await;
     assert_eq!(missing.status.code(), Some(1));

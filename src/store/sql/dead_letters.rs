@@ -653,6 +653,20 @@ shared_impl! {
                     c.where_clause()
                 );
                 run_built!(&mut *tx, sql, c, execute);
+                // The journal's record of the replay, beside the outcome the
+                // consumer will journal for the same replay id.
+                let mut c = Conditions::<D>::new();
+                let outcome = c.value(Bind::Text("replayed".to_owned()));
+                let detail = c.value(Bind::Text(format!("letter {}", replay.letter_id)));
+                let at = c.value(Bind::Time(D::time(now)));
+                c.push("replay_id =", Bind::Text(replay.replay_id.clone()));
+                let sql = format!(
+                    "INSERT INTO warren_journal (consumer_name, message_id, replay_id, outcome, detail, at)
+                     SELECT consumer_name, message_id, replay_id, {outcome}, {detail}, {at}
+                     FROM warren_replays {}",
+                    c.where_clause()
+                );
+                run_built!(&mut *tx, sql, c, execute);
             }
             tx.commit().await?;
             Ok(())
