@@ -17,4 +17,4 @@ pub use ingest::{
 };
 pub use queue::{DeadLetter, DeadLetterQueue, ReplayReport, Replayed, Selection};
 pub use record::DeadLetterInfo;
-pub use replay::{CopyOutcome, MAX_REPLAY_RUN, ReplayError, Replayer};
+pub use replay::{CopyOutcome, DEFAULT_OUTCOME_TIMEOUT, MAX_REPLAY_RUN, ReplayError, Replayer};

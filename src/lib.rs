@@ -151,8 +151,8 @@ pub mod version;
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
     pub use crate::dead_letter::{
-        CopyOutcome, DEFAULT_MAX_STORED_BODY, DEFAULT_RESOLVED_RETENTION, DeadLetter,
-        DeadLetterInfo, DeadLetterQueue, EditError, Ingester, MAX_REPLAY_RUN, REDACTED,
+        CopyOutcome, DEFAULT_MAX_STORED_BODY, DEFAULT_OUTCOME_TIMEOUT, DEFAULT_RESOLVED_RETENTION,
+        DeadLetter, DeadLetterInfo, DeadLetterQueue, EditError, Ingester, MAX_REPLAY_RUN, REDACTED,
         ReplayError, ReplayReport, Replayed, Replayer, Selection, edit_letter, error_shape,
         fingerprint, letter_id, letter_id_of_content, set_payload_fields, unstored_queue_name,
     };

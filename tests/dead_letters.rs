@@ -28,6 +28,7 @@ on_all_backends!(
     careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id,
     an_edit_is_checked_kept_beside_the_original_audited_and_replayed,
     the_consumer_keeps_its_journal_within_its_retention,
+    a_letter_dealt_with_that_fails_again_is_opened_again,
     a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
 );
 
@@ -696,6 +697,7 @@ async fn careful_replay_goes_on_only_on_the_outcome_of_its_own_replay_id<B: Back
         .start(&LetterFilter::default(), None, false)
         .await
         .unwrap();
+    assert!(run.careful, "recorded as careful: a resume stays careful");
     let stopped = replayer.resume(&run.run_id, |_| {}).await;
     assert!(
         matches!(&stopped, Err(ReplayError::FailedAgain { replay_id, outcome, .. })
@@ -984,6 +986,60 @@ async fn the_consumer_keeps_its_journal_within_its_retention<B: Backend>() {
             .len(),
         1
     );
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The same message failing again later (republished by its producer) after
+/// its letter was resolved: the letter opens again with the new failure,
+/// rather than the new failure being dropped as a copy already stored.
+async fn a_letter_dealt_with_that_fails_again_is_opened_again<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config: ConsumerConfig = broker.config();
+    broker.declare_config(&config).await;
+    broker.track_queue(&unstored_queue_name(config.queue()));
+    let message = TestBroker::message(&Job::with(Mode::Permanent));
+    broker.publish(&message).await;
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let ingesting = Ingesting::start(Ingester::new(db.store.clone(), &config));
+    assert!(wait_stored::<B>(&db.store, 1).await);
+    let letter = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    db.store
+        .resolve_dead_letters(
+            &LetterFilter {
+                letter_id: Some(letter.letter_id.clone()),
+                ..LetterFilter::default()
+            },
+            &Actor::new("ana"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored::<B>(&db.store, &LetterFilter::default()).await, 0);
+    broker.publish(&message).await;
+    assert!(
+        wait_stored::<B>(&db.store, 1).await,
+        "the letter is unresolved again"
+    );
+    let again = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(again.letter_id, letter.letter_id);
+    assert!(again.last_failure > letter.last_failure, "{again:?}");
+    ingesting.stop().await;
+    running.stop().await.unwrap();
     broker.cleanup().await;
     db.drop_db().await;
 }

@@ -85,6 +85,9 @@ pub struct Ingester<S> {
     max_body: usize,
     retention: Option<Duration>,
     housekeeping: Duration,
+    /// The groups given a series of their own at the last pass: set to 0 once
+    /// they leave the top, are muted or are resolved.
+    reported: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl<S: DeadLetterStore + SigningKey> Ingester<S> {
@@ -101,6 +104,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             max_body: DEFAULT_MAX_STORED_BODY,
             retention: Some(DEFAULT_RESOLVED_RETENTION),
             housekeeping: Duration::from_secs(30),
+            reported: Default::default(),
         }
     }
 
@@ -144,9 +148,15 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
     {
         let stop = CancellationToken::new();
         cancel_on(shutdown, &stop, async {
-            let (ingested, ()) =
-                tokio::join!(self.ingest_until(amqp_url, &stop), self.keep_house(&stop));
-            ingested
+            // Housekeeping runs while ingestion does: an ingester that stops
+            // on an error it cannot mend returns it at once.
+            let ingest = self.ingest_until(amqp_url, &stop);
+            let house = self.keep_house(&stop);
+            tokio::pin!(ingest, house);
+            tokio::select! {
+                ingested = &mut ingest => ingested,
+                () = &mut house => ingest.await,
+            }
         })
         .await
     }
@@ -174,6 +184,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         let consumer = self.consumer.clone();
         let mut unmuted = 0u64;
         let mut muted = 0u64;
+        let mut reported = std::collections::HashSet::new();
         for (i, (group, count)) in stats.unresolved_by_group.iter().enumerate() {
             let is_muted = mutes
                 .iter()
@@ -188,7 +199,16 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             if i < GROUP_SERIES {
                 metrics::gauge!("dead_letters_unresolved_by_group", "consumer" => consumer.clone(), "group" => group.clone())
                     .set(*count as f64);
+                reported.insert(group.clone());
             }
+        }
+        let before = std::mem::replace(
+            &mut *self.reported.lock().unwrap_or_else(|p| p.into_inner()),
+            reported.clone(),
+        );
+        for gone in before.difference(&reported) {
+            metrics::gauge!("dead_letters_unresolved_by_group", "consumer" => consumer.clone(), "group" => gone.clone())
+                .set(0.0);
         }
         metrics::gauge!("dead_letters_unresolved", "consumer" => consumer.clone())
             .set(unmuted as f64);
@@ -341,7 +361,17 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
     ) -> bool {
         let mut letter = self.letter_of(&delivery, signer, Utc::now());
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
-        let mut cut = letter.body_truncated;
+        // The original goes to the side queue, confirmed, before any row that
+        // lacks part of it is written: a row stored cut always has its whole
+        // letter aside, whatever fails next.
+        let mut aside = false;
+        let mut fitted = false;
+        if letter.body_truncated {
+            if !self.set_aside(&delivery, port).await {
+                return self.put_back(&delivery, port, &mut backoff, stop).await;
+            }
+            aside = true;
+        }
         loop {
             match self.store.store_dead_letter(&letter).await {
                 Ok(_) => break,
@@ -353,28 +383,29 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                         () = tokio::time::sleep(wait) => {}
                     }
                 }
-                Err(e) if !cut => {
+                Err(e) if !fitted => {
                     // The database refused the letter whole (a body over its
-                    // packet size, text a column takes not): store what is
-                    // sure to fit, and keep the original aside.
+                    // packet size, text a column takes not): keep the original
+                    // aside, then store what surely fits.
                     tracing::warn!(letter_id = %letter.letter_id, error = %e, "dead letter not storable whole; storing what surely fits");
+                    if !aside {
+                        if !self.set_aside(&delivery, port).await {
+                            return self.put_back(&delivery, port, &mut backoff, stop).await;
+                        }
+                        aside = true;
+                    }
                     fit(&mut letter);
-                    cut = true;
+                    fitted = true;
                 }
                 Err(e) => {
-                    tracing::error!(letter_id = %letter.letter_id, error = %e, "dead letter not storable at all; it stays on the side queue");
+                    tracing::error!(letter_id = %letter.letter_id, error = %e, "dead letter not storable at all; it is kept whole on the side queue");
                     break;
                 }
             }
         }
-        if cut {
+        if aside {
             metrics::counter!("dead_letters_stored_cut_total", "consumer" => self.consumer.clone())
                 .increment(1);
-        }
-        if cut && !self.set_aside(&delivery, port).await {
-            // Not on the side queue: nack it back, to try again later.
-            let _ = port.requeue(delivery.tag).await;
-            return true;
         }
         metrics::counter!("dead_letters_ingested_total", "consumer" => self.consumer.clone())
             .increment(1);
@@ -382,6 +413,25 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             // Redelivered and recognized by its id.
             tracing::warn!(letter_id = %letter.letter_id, "dead letter stored, ack lost");
         }
+        true
+    }
+
+    /// Puts a letter that could not be kept aside back in the dead-letter
+    /// queue, after a pause (the side queue may be gone for a while); `false`
+    /// if `stop` came first (it goes back all the same, with the channel).
+    async fn put_back(
+        &self,
+        delivery: &Delivery,
+        port: &dyn Port,
+        backoff: &mut Backoff,
+        stop: &CancellationToken,
+    ) -> bool {
+        let wait = backoff.next_delay().max(Duration::from_secs(1));
+        tokio::select! {
+            () = stop.cancelled() => return false,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let _ = port.requeue(delivery.tag).await;
         true
     }
 

@@ -121,6 +121,10 @@ pub struct Replayer<S> {
     careful: Option<Duration>,
 }
 
+/// How long a careful run resumed without a timeout of its own waits for a
+/// copy's outcome.
+pub const DEFAULT_OUTCOME_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How often a careful replay looks for a failure among its copies.
 const FAILURE_CHECK: Duration = Duration::from_secs(1);
 
@@ -247,6 +251,7 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
                 &run_id,
                 &filter.describe(),
                 &letters,
+                self.careful.is_some(),
                 &self.actor,
                 too_old > 0,
             )
@@ -265,13 +270,17 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
         run_id: &str,
         mut progress: impl FnMut(&PendingReplay),
     ) -> Result<ReplayRun, ReplayError> {
-        if self.store.replay_run(run_id).await?.is_none() {
+        let Some(run) = self.store.replay_run(run_id).await? else {
             return Err(ReplayError::UnknownRun(run_id.to_owned()));
-        }
+        };
+        // A careful run stays careful when it is resumed.
+        let careful = self
+            .careful
+            .or(run.careful.then_some(DEFAULT_OUTCOME_TIMEOUT));
         let signer = Signer::new(&self.store.signing_key().await?);
         let publisher = Publisher::new(Arc::clone(&self.connection));
         let done = self
-            .publish_all(run_id, &signer, &publisher, &mut progress)
+            .publish_all(run_id, careful, &signer, &publisher, &mut progress)
             .await;
         publisher.close().await;
         let (state, reason) = match &done {
@@ -289,6 +298,7 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
     async fn publish_all(
         &self,
         run_id: &str,
+        careful: Option<Duration>,
         signer: &Signer,
         publisher: &Publisher,
         progress: &mut impl FnMut(&PendingReplay),
@@ -298,15 +308,20 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
             i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             i
         });
-        if let Some(timeout) = self.careful {
+        // Only failures journaled since this pass began stop it: resuming
+        // after a stop is the operator's call on the failures before.
+        let since = Utc::now();
+        let careful_now = careful.is_some();
+        if let Some(timeout) = careful {
             self.probe(run_id, timeout, signer, publisher, progress)
                 .await?;
+            self.no_failure_in(run_id, careful_now, since).await?;
         }
         let mut checked = tokio::time::Instant::now();
         loop {
             let pending = self.store.pending_replays(run_id, STEP).await?;
             if pending.is_empty() {
-                return self.no_failure_in(run_id).await;
+                return self.no_failure_in(run_id, careful_now, since).await;
             }
             // Unpaced, the confirms of a chunk are awaited together: one
             // round trip to the broker and one commit per chunk, not per
@@ -317,7 +332,7 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
                     p.tick().await;
                 }
                 if checked.elapsed() >= FAILURE_CHECK {
-                    self.no_failure_in(run_id).await?;
+                    self.no_failure_in(run_id, careful_now, since).await?;
                     checked = tokio::time::Instant::now();
                 }
                 self.publish_chunk(replays, signer, publisher, progress)
@@ -382,20 +397,28 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
                 .await?;
         }
         self.outcome_of(&first_id, timeout).await?;
-        self.no_failure_in(run_id).await
+        Ok(())
     }
 
     /// Careful replay: stops at the first copy of the run journaled as failed
     /// again. A plain replay goes on regardless.
-    async fn no_failure_in(&self, run_id: &str) -> Result<(), ReplayError> {
-        if self.careful.is_none() {
+    async fn no_failure_in(
+        &self,
+        run_id: &str,
+        careful: bool,
+        since: chrono::DateTime<Utc>,
+    ) -> Result<(), ReplayError> {
+        if !careful {
             return Ok(());
         }
         // The first copy's retries were judged by the probe, which waited
         // for its final outcome.
         let first_id = format!("{run_id}.1");
         let failures = self.store.journal_of_run(run_id, true, 100).await?;
-        match failures.into_iter().find(|e| e.replay_id != first_id) {
+        match failures
+            .into_iter()
+            .find(|e| e.replay_id != first_id && e.at >= since)
+        {
             Some(e) => Err(ReplayError::FailedAgain {
                 replay_id: e.replay_id,
                 outcome: e.outcome,

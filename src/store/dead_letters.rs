@@ -401,6 +401,8 @@ pub struct ReplayRun {
     pub published: u64,
     /// `running`, `finished` or `stopped`.
     pub state: String,
+    /// Started as a careful replay: resumed carefully too.
+    pub careful: bool,
     /// Why it stopped, if it did.
     pub stop_reason: String,
     /// The operator who started it.
@@ -444,7 +446,10 @@ store_trait! {
     /// grouped, listed and read.
     pub trait DeadLetterStore: Store {
         /// Stores `letter`; `false` if a letter with its id was stored before
-        /// (the same failure, dead-lettered again), which changes nothing.
+        /// (the same failure, dead-lettered again), which changes nothing
+        /// unless that letter was resolved or replayed and this failure is
+        /// later: then it is opened again (unresolved, with the new failure's
+        /// time and error), and the answer is `true`.
         fn store_dead_letter<'a>(
             &'a self,
             letter: &'a NewDeadLetter,
@@ -548,6 +553,7 @@ store_trait! {
             run_id: &'a str,
             selection: &'a str,
             letters: &'a [ReplayCandidate],
+            careful: bool,
             actor: &'a Actor,
             forced: bool,
         ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;

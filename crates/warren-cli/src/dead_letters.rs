@@ -135,7 +135,7 @@ where
             };
             edit_letter(store, &letter, &body, &reason, &actor)
                 .await
-                .map_err(|e| CliError::Failed(e.to_string()))?;
+                .map_err(|e| CliError::Failed(printable(&e.to_string()).into_owned()))?;
             println!(
                 "edited {letter}; the original is kept. Replay it with: warren dead-letters replay --id {letter}"
             );
@@ -316,7 +316,9 @@ async fn replay<S>(
 where
     S: DeadLetterStore + SigningKey + Journal,
 {
-    let failed = |e: ReplayError| CliError::Failed(e.to_string());
+    // Replay errors can quote a handler's error text, which can quote a
+    // payload: escaped like everything else from a message.
+    let failed = |e: ReplayError| CliError::Failed(printable(&e.to_string()).into_owned());
     let (run_id, single) = match (&which.id, &which.group, &which.resume) {
         (Some(letter), _, _) => {
             let record = store
@@ -401,7 +403,12 @@ where
                     ""
                 }
             ),
-            Err(e) => return Err(CliError::Failed(format!("outcome: {e}"))),
+            Err(e) => {
+                return Err(CliError::Failed(format!(
+                    "outcome: {}",
+                    printable(&e.to_string())
+                )));
+            }
         }
     }
     Ok(())

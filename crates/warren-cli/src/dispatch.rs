@@ -111,7 +111,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             };
             with_store!(&database_url, |store| run_dead_letters(
                 &store, operator, command, &broker
-            ))?
+            ))?;
         }
     }
     Ok(())
@@ -141,18 +141,29 @@ async fn delete_topology(
     topology
         .queues
         .push(warren::topology::QueueSpec::new(side, config.queue_type()));
+    // Ready messages would be lost, and a queue with consumers may hold
+    // unacked ones the count leaves out: both refuse without --force.
     let mut holding = Vec::new();
     for q in &topology.queues {
-        if let Ok(info) = warren::broker::inspect_queue(connection, &q.name).await
-            && info.ready > 0
-        {
-            holding.push(format!("{} ({} messages)", q.name, info.ready));
+        match warren::broker::inspect_queue(connection, &q.name).await {
+            Ok(info) if info.ready > 0 || info.consumers > 0 => holding.push(format!(
+                "{} ({} ready, {} consumers)",
+                q.name, info.ready, info.consumers
+            )),
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                return Err(CliError::Failed(format!(
+                    "cannot tell whether {} is empty: {e}",
+                    q.name
+                )));
+            }
         }
     }
     if !holding.is_empty() && !force {
         return Err(CliError::Failed(format!(
-            "not deleted: {} still hold messages, which deleting would lose; \
-             drain or replay them first, or add --force",
+            "not deleted: {} still hold messages or have consumers, and deleting would lose \
+             them; stop the consumers and drain or replay the queues first, or add --force",
             holding.join(", ")
         )));
     }

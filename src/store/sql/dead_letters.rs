@@ -141,11 +141,36 @@ shared_impl! {
                 .bind(LetterState::Unresolved.as_str())
                 .execute(&self.pool)
                 .await;
-            match done {
-                Ok(done) => Ok(D::rows_affected(&done) == 1),
-                Err(e) if D::is_refused_claim(&e) => Ok(false),
-                Err(e) => Err(e.into()),
+            let stored = match done {
+                Ok(done) => D::rows_affected(&done) == 1,
+                Err(e) if D::is_refused_claim(&e) => false,
+                Err(e) => return Err(e.into()),
+            };
+            if stored {
+                return Ok(true);
             }
+            // Its id is stored. The same copy again (its ack lost) changes
+            // nothing; a later failure of a letter already dealt with (the
+            // message republished, or replayed from the broker side) opens it
+            // again, with its new failure.
+            let mut c = Conditions::<D>::new();
+            let state = c.value(Bind::Text(LetterState::Unresolved.as_str().to_owned()));
+            let last = c.value(Bind::Time(D::time(l.last_failure)));
+            let error = c.value(Bind::Text(l.error.clone()));
+            let attempts = c.value(Bind::Int(i64::from(l.attempts)));
+            let at = c.value(Bind::Time(D::time(Utc::now())));
+            c.push("letter_id =", Bind::Text(l.letter_id.clone()));
+            c.push("state <>", Bind::Text(LetterState::Unresolved.as_str().to_owned()));
+            c.push("last_failure <", Bind::Time(D::time(l.last_failure)));
+            let sql = format!(
+                "UPDATE warren_dead_letters
+                 SET state = {state}, last_failure = {last}, error = {error}, attempts = {attempts},
+                     state_changed_at = {at}
+                 {}",
+                c.where_clause()
+            );
+            let done = run_built!(&self.pool, sql, c, execute);
+            Ok(D::rows_affected(&done) == 1)
         }
 
         async fn dead_letter_groups<'a>(
@@ -483,6 +508,7 @@ shared_impl! {
             run_id: &'a str,
             selection: &'a str,
             letters: &'a [ReplayCandidate],
+            careful: bool,
             actor: &'a Actor,
             forced: bool,
         ) -> Result<(), StoreError> {
@@ -493,7 +519,7 @@ shared_impl! {
             let values = [
                 c.value(Bind::Text(run_id.to_owned())),
                 c.value(Bind::Text(selection.to_owned())),
-                c.value(Bind::Bool(false)),
+                c.value(Bind::Bool(careful)),
                 c.value(Bind::Text("running".to_owned())),
                 c.value(Bind::Text(String::new())),
                 c.value(Bind::Int(saturating_i64(letters.len() as u64))),
@@ -553,7 +579,7 @@ shared_impl! {
                 "SELECT r.run_id, r.selection, r.total,
                         (SELECT COUNT(*) FROM warren_replays p
                           WHERE p.run_id = r.run_id AND p.published_at IS NOT NULL),
-                        r.state, r.stop_reason, r.started_by, r.started_at
+                        r.state, r.stop_reason, r.started_by, r.started_at, r.careful
                  FROM warren_replay_runs r {}",
                 c.where_clause()
             );
@@ -568,6 +594,7 @@ shared_impl! {
                     stop_reason: row.try_get(5)?,
                     started_by: row.try_get(6)?,
                     started_at: time_of::<D>(row.try_get(7)?)?,
+                    careful: row.try_get(8)?,
                 })
             })
             .transpose()
