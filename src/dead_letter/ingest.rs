@@ -150,7 +150,12 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         cancel_on(shutdown, &stop, async {
             // Housekeeping runs while ingestion does: an ingester that stops
             // on an error it cannot mend returns it at once.
-            let ingest = self.ingest_until(amqp_url, &stop);
+            // The tables first: an ingester may start before its consumer
+            // has migrated a fresh database.
+            let Some(signer) = self.signer(&stop).await? else {
+                return Ok(());
+            };
+            let ingest = self.ingest_until(amqp_url, &signer, &stop);
             let house = self.keep_house(&stop);
             tokio::pin!(ingest, house);
             tokio::select! {
@@ -237,11 +242,12 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         Ok(())
     }
 
-    async fn ingest_until(&self, amqp_url: &str, stop: &CancellationToken) -> Result<(), Error> {
-        let signer = self.signer(stop).await?;
-        let Some(signer) = signer else {
-            return Ok(());
-        };
+    async fn ingest_until(
+        &self,
+        amqp_url: &str,
+        signer: &Signer,
+        stop: &CancellationToken,
+    ) -> Result<(), Error> {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let dead_letters = crate::topology::dead_letter_queue_name(&self.queue);
         loop {
@@ -269,7 +275,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                 };
                 match next {
                     Some(Ok(delivery)) => {
-                        if !self.ingest(delivery, &signer, port.as_ref(), stop).await {
+                        if !self.ingest(delivery, signer, port.as_ref(), stop).await {
                             break None;
                         }
                     }
@@ -293,12 +299,16 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         }
     }
 
-    /// The signing key, waiting out a database that is not up yet; `None` if
-    /// `stop` came first.
+    /// Migrates the store and loads the signing key, waiting out a database
+    /// that is not up yet; `None` if `stop` came first.
     async fn signer(&self, stop: &CancellationToken) -> Result<Option<Signer>, Error> {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         loop {
-            match self.store.signing_key().await {
+            let prepared = async {
+                self.store.migrate().await?;
+                self.store.signing_key().await
+            };
+            match prepared.await {
                 Ok(key) => return Ok(Some(Signer::new(&key))),
                 Err(e) if e.is_connection_error() => {
                     let wait = backoff.next_delay();
