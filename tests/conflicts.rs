@@ -238,7 +238,7 @@ async fn on_postgres_only_batches_set_their_own_lock_timeout() {
     .await;
     assert_eq!(
         batched as u64, s.batched,
-        "every message of a batch ran under the batch lock timeout"
+        "every message of a batch ran under the batch lock timeout: {s:?}"
     );
     let single = <sqlx::Postgres as Backend>::count(
         &db.store,

@@ -103,8 +103,15 @@ async fn shutdown_deadline_leaves_unfinished_work_to_redelivery<B: Backend>() {
         })
         .await
     );
-    first.stop().await.unwrap();
-    assert_eq!(stats.snapshot().applied, 0);
+    first
+        .stop()
+        .await
+        .expect("the first consumer stops cleanly");
+    let s = stats.snapshot();
+    assert_eq!(
+        s.applied, 0,
+        "nothing was applied before the deadline: {s:?}"
+    );
     assert_eq!(
         db.effects().await,
         0,
@@ -115,11 +122,16 @@ async fn shutdown_deadline_leaves_unfinished_work_to_redelivery<B: Backend>() {
             broker.ready(&broker.queue).await == 1
         })
         .await,
-        "the unfinished delivery is back in the queue"
+        "the unfinished delivery is back in the queue (ready: {})",
+        broker.ready(&broker.queue).await
     );
 
     let second = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
-    assert!(second.settled(1, Duration::from_secs(30)).await);
+    assert!(
+        second.settled(1, Duration::from_secs(30)).await,
+        "the second consumer applies the redelivered message: {:?}",
+        second.stats.snapshot()
+    );
     second.stop().await.unwrap();
     assert_eq!(db.effects_for(&slow.meta().message_id).await, 1);
 

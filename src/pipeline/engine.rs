@@ -349,7 +349,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         {
             return rolled_back(tx, store_failed(e)).await;
         }
-        self.commit(tx, results).await
+        self.commit(tx, results, several).await
     }
 
     /// The journal rows of the unit's applied (and stale) outcomes that ride
@@ -434,8 +434,10 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
 
     /// Commits a unit's transaction: the crash points, the relay's wake-up and
     /// the fault point of an unknown outcome are here, for every path.
-    async fn commit(&self, tx: Tx<S::Db>, results: Vec<MessageResult>) -> Run {
-        let several = results.len() > 1;
+    /// `several` is whether the unit began as a batch (its transaction took the
+    /// batch's settings): one cut short by the batch time limit after its first
+    /// message still counts as a batch, of the messages it committed.
+    async fn commit(&self, tx: Tx<S::Db>, results: Vec<MessageResult>, several: bool) -> Run {
         let enqueued = tx.enqueued();
         failpoint::hit("before-commit");
         match tx.commit().await {
