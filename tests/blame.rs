@@ -227,7 +227,24 @@ async fn assert_blame<B: Backend>(
             let info = DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
             assert_eq!(info.reason, "poison");
         }
-        None => assert!(ids.is_empty(), "healthy messages dead-lettered: {ids:?}"),
+        None => {
+            // The reason and error say which path condemned it: warren's own
+            // poison count, or the broker's delivery-limit backstop.
+            let why: Vec<String> = dead
+                .iter()
+                .map(|d| match DeadLetterInfo::from_properties(&d.properties) {
+                    Some(info) => format!(
+                        "{} after {} attempts: {}",
+                        info.reason, info.attempts, info.error
+                    ),
+                    None => "no dead-letter record".into(),
+                })
+                .collect();
+            assert!(
+                ids.is_empty(),
+                "healthy messages dead-lettered: {ids:?}, why: {why:?}"
+            );
+        }
     }
     assert_eq!(
         db.distinct_effects().await,

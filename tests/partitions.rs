@@ -705,9 +705,13 @@ async fn a_forward_its_home_queue_refuses_goes_back_and_is_sent_on_later<B: Back
         "refused forwards stopped the consumer"
     );
     running.stop().await.unwrap();
+    // A forward the broker took and still nacked while its policy changed, or a
+    // trip to the tail whose ack was lost, leaves a second copy (seen once in
+    // a loaded CI run): at-least-once allows it, and the inbox must absorb it.
+    // The counts below prove it was not applied twice.
     assert_eq!(
-        (s.applied + s.stale, s.duplicates, s.dead_lettered),
-        (total, 0, 0),
+        (s.applied + s.stale, s.dead_lettered),
+        (total, 0),
         "each update applied or dropped as stale once, none dead-lettered: {s:?}"
     );
     let applied = applied(&db).await;
