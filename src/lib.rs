@@ -158,6 +158,7 @@ pub mod admin {
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};
+    pub use crate::relay_config::DEFAULT_RETENTION;
     pub use crate::retention::{
         DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox,
     };

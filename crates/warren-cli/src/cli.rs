@@ -70,6 +70,10 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: DeadLettersCommand,
     },
+    /// A web console on the dead letters kept in a database (see
+    /// docs/console.md): open on 127.0.0.1 by default; elsewhere only behind
+    /// a reverse proxy that terminates TLS, with every operator authenticated.
+    Console(ConsoleArgs),
     /// The inbox in a database: retention.
     Inbox {
         /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
@@ -641,4 +645,38 @@ impl ConsumerArgs {
         }
         config.build().map_err(|e| e.to_string())
     }
+}
+
+/// `warren console`'s flags.
+#[derive(Args)]
+pub(crate) struct ConsoleArgs {
+    /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
+    pub(crate) database_url: DatabaseUrl,
+    /// Address to listen on. Anything but loopback needs --behind-proxy.
+    #[arg(long, env = "WARREN_CONSOLE_BIND", default_value = warren_console::DEFAULT_BIND)]
+    pub(crate) bind: std::net::SocketAddr,
+    /// A file of operators' tokens, one `NAME TOKEN` per line: each operator
+    /// logs in with their own, and the audit table names them.
+    #[arg(long, env = "WARREN_CONSOLE_TOKENS")]
+    pub(crate) tokens: Option<std::path::PathBuf>,
+    /// The header a trusted reverse proxy sets to the operator's name
+    /// (needs --behind-proxy).
+    #[arg(long)]
+    pub(crate) identity_header: Option<String>,
+    /// Names the reverse proxy that terminates TLS in front of the console;
+    /// required to listen on anything but loopback.
+    #[arg(long)]
+    pub(crate) behind_proxy: Option<String>,
+    /// On loopback without tokens: the operator actions are audited under.
+    #[arg(long, env = "WARREN_OPERATOR")]
+    pub(crate) operator: Option<String>,
+    /// JSON fields of payloads to mask until an operator asks to see them
+    /// (comma-separated, at any depth).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) mask: Vec<String>,
+    /// The consumers' inbox retention window: replays refuse letters that
+    /// first failed before it.
+    #[arg(long, default_value = "7d", value_parser = warren::retry::parse_delay)]
+    pub(crate) inbox_retention: Duration,
 }

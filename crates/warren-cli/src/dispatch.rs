@@ -100,6 +100,22 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             database_url,
             command,
         } => with_store!(&database_url, |store| run_inbox(&store, command))?,
+        Command::Console(args) => {
+            let config = console_config(&args, &cli.amqp_url, tls)?;
+            let console = warren_console::Console::bind(config)
+                .await
+                .map_err(CliError::Usage)?;
+            let address = console.local_addr().map_err(CliError::Failed)?;
+            eprintln!("warren: console on http://{address}/");
+            with_store!(&args.database_url, |store| async {
+                console
+                    .serve(store, async {
+                        warren::shutdown_signal().await;
+                    })
+                    .await
+                    .map_err(CliError::Failed)
+            })?;
+        }
         Command::DeadLetters {
             database_url,
             operator,
@@ -115,6 +131,41 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// The console's configuration from its flags; a bad value names the flag.
+fn console_config(
+    args: &crate::cli::ConsoleArgs,
+    amqp_url: &str,
+    tls: warren::tls::TlsOptions,
+) -> Result<warren_console::ConsoleConfig, CliError> {
+    let mut config = warren_console::ConsoleConfig::new(args.bind);
+    config.tokens = args
+        .tokens
+        .as_deref()
+        .map(warren_console::read_tokens)
+        .transpose()
+        .map_err(|e| CliError::Usage(format!("--tokens: {e}")))?;
+    config.identity_header = args.identity_header.clone();
+    config.behind_proxy = args.behind_proxy.clone();
+    config.local_operator = args
+        .operator
+        .as_deref()
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(str::to_owned);
+    config.masked_fields = args
+        .mask
+        .iter()
+        .map(|f| f.trim().to_owned())
+        .filter(|f| !f.is_empty())
+        .collect();
+    config.inbox_retention = args.inbox_retention;
+    config.broker = Some(warren_console::BrokerTarget {
+        amqp_url: amqp_url.to_owned(),
+        tls,
+    });
+    Ok(config)
 }
 
 /// Closes the command's connection. Bounded: a broker that never answers the

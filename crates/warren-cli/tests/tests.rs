@@ -11,4 +11,5 @@
 mod util;
 
 mod cli;
+mod console;
 mod dead_letters;

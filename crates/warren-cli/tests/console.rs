@@ -1,0 +1,519 @@
+//! `warren console` against the real broker and databases, over HTTP: logins
+//! with operators' tokens, refusals (no login, another origin, no CSRF
+//! token), escaping of hostile letters, masking, confirmation, audit, and a
+//! careful replay of a group that applies each message once.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use warren::Consumer;
+use warren::lapin::BasicProperties;
+use warren::store::{DeadLetterStore, LetterFilter, LetterState};
+
+use crate::cli::{dead_letter_some, warren_cmd};
+use crate::util::{Backend, Running, TestBroker, TestDb, amqp_url, routes, wait_for};
+
+on_all_backends!(the_console_from_login_to_a_careful_replay);
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-9876543210ab";
+
+/// An HTTP answer.
+struct Answer {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+/// One HTTP/1.1 request on its own connection, read to the end.
+async fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        request.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut headers = HashMap::new();
+    for line in lines {
+        if let Some((k, v)) = line.split_once(':') {
+            headers
+                .entry(k.trim().to_ascii_lowercase())
+                .and_modify(|old: &mut String| {
+                    old.push('\n');
+                    old.push_str(v.trim());
+                })
+                .or_insert_with(|| v.trim().to_owned());
+        }
+    }
+    let body = if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+/// Form-encodes pairs.
+fn form(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={}", encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The CSRF token a page's forms carry.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token");
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+/// A running `warren console`, and the address it printed.
+struct ConsoleProcess {
+    _child: tokio::process::Child,
+    addr: String,
+}
+
+async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess {
+    let mut child = warren_cmd()
+        .args([
+            "console",
+            "--database-url",
+            db_url,
+            "--bind",
+            "127.0.0.1:0",
+            "--tokens",
+            tokens.to_str().unwrap(),
+            "--mask",
+            "card",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("warren: console on http://") {
+                return rest.trim_end_matches('/').to_owned();
+            }
+        }
+        panic!("the console exited before it listened")
+    })
+    .await
+    .expect("the console says where it listens");
+    // Keep reading, so its logging never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    ConsoleProcess {
+        _child: child,
+        addr,
+    }
+}
+
+/// Logs in with `token`; the session cookie.
+async fn login(addr: &str, token: &str) -> String {
+    let a = http(addr, "POST", "/login", &[], &form(&[("token", token)])).await;
+    assert_eq!(a.status, 303, "a login redirects: {}", a.body);
+    let cookie = a.headers.get("set-cookie").expect("a session cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    cookie.split(';').next().unwrap().to_owned()
+}
+
+/// A letter no browser may run: script, attribute breakouts and a
+/// `javascript:` link in the payload, the message id and the type.
+async fn dead_letter_hostile(broker: &TestBroker) {
+    let body = serde_json::json!({
+        "note": "<script>alert('payload')</script>",
+        "breakout": "\"><img src=x onerror=alert(1)>",
+        "link": "javascript:alert(1)",
+        "card": "4111111111111111",
+    })
+    .to_string();
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &broker.dead_letter_queue(),
+            body.as_bytes(),
+            BasicProperties::default()
+                .with_message_id("\"><script>alert('id')</script>".into())
+                .with_type("<script>alert('type')</script>".into()),
+        )
+        .await
+        .unwrap();
+}
+
+/// Runs the ingester until `n` letters are stored.
+async fn ingest<B: Backend>(db: &TestDb<B>, broker: &TestBroker, n: usize) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
+    let task = tokio::spawn(async move {
+        ingester
+            .run(&amqp_url(), async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let store = db.store.clone();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let store = store.clone();
+            async move {
+                store
+                    .dead_letters(&LetterFilter::default(), None, 100)
+                    .await
+                    .unwrap()
+                    .len()
+                    == n
+            }
+        })
+        .await,
+        "{n} letters stored"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
+    let failed = dead_letter_some(&db, &broker, 3).await;
+    dead_letter_hostile(&broker).await;
+    ingest(&db, &broker, 4).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("# on call\nalice {ALICE}\nbob {BOB}\n")).unwrap();
+    let console = start_console(&db.url, &tokens).await;
+    let addr = console.addr.as_str();
+
+    // Nothing without a login: pages send to the login form, actions and
+    // the progress feed are refused.
+    let a = http(addr, "GET", "/", &[], "").await;
+    assert_eq!(
+        (a.status, a.headers.get("location").map(String::as_str)),
+        (303, Some("/login"))
+    );
+    let a = http(addr, "GET", "/letters", &[], "").await;
+    assert_eq!(a.status, 303);
+    let a = http(
+        addr,
+        "POST",
+        "/act",
+        &[],
+        &form(&[("action", "resolve-group"), ("group", "x")]),
+    )
+    .await;
+    assert_eq!(a.status, 401);
+    let a = http(
+        addr,
+        "POST",
+        "/login",
+        &[],
+        &form(&[("token", "not-a-token-of-anyone")]),
+    )
+    .await;
+    assert_eq!(a.status, 401);
+
+    let alice = login(addr, ALICE).await;
+    let auth = [("Cookie", alice.as_str())];
+    let groups = http(addr, "GET", "/", &auth, "").await;
+    assert_eq!(groups.status, 200);
+    let csp = groups
+        .headers
+        .get("content-security-policy")
+        .expect("a CSP");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert!(
+        groups.body.contains("4</span> unresolved"),
+        "{}",
+        groups.body
+    );
+
+    // The hostile letter renders as text, everywhere it shows.
+    let store = db.store.clone();
+    let letters = store
+        .dead_letters(&LetterFilter::default(), None, 100)
+        .await
+        .unwrap();
+    let hostile = letters
+        .iter()
+        .find(|l| l.message_id.contains("<script>"))
+        .expect("the hostile letter stored");
+    let list = http(addr, "GET", "/letters", &auth, "").await;
+    let page = http(
+        addr,
+        "GET",
+        &format!("/letters/{}", encode(&hostile.letter_id)),
+        &auth,
+        "",
+    )
+    .await;
+    assert_eq!(page.status, 200);
+    for body in [&groups.body, &list.body, &page.body] {
+        assert!(
+            !body.contains("<script>alert"),
+            "a script from a letter ran: {body}"
+        );
+        assert!(
+            !body.contains("<img src=x"),
+            "an attribute broke out: {body}"
+        );
+        assert!(
+            !body.contains("href=\"javascript:"),
+            "a javascript: link: {body}"
+        );
+    }
+    assert!(
+        page.body
+            .contains("&#60;script&#62;alert(&#39;payload&#39;)&#60;/script&#62;"),
+        "shown as text: {}",
+        page.body
+    );
+    // Masked until asked for, and the asking is audited.
+    assert!(
+        !page.body.contains("4111111111111111"),
+        "the card number is masked"
+    );
+    let revealed = http(
+        addr,
+        "GET",
+        &format!("/letters/{}?reveal=1", encode(&hostile.letter_id)),
+        &auth,
+        "",
+    )
+    .await;
+    assert!(revealed.body.contains("4111111111111111"));
+    let audit = store.audit_log(50).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.action == "view-masked" && e.operator == "alice"),
+        "{audit:?}"
+    );
+
+    // Actions: refused from another origin and without the page's token;
+    // confirmed before they run; audited under the operator's name.
+    let csrf = csrf_of(&groups.body);
+    let resolve = form(&[
+        ("csrf", csrf.as_str()),
+        ("action", "resolve-letter"),
+        ("letter", hostile.letter_id.as_str()),
+        ("confirmed", "yes"),
+    ]);
+    let evil = [
+        ("Cookie", alice.as_str()),
+        ("Origin", "http://evil.example"),
+    ];
+    assert_eq!(
+        http(addr, "POST", "/act", &evil, &resolve).await.status,
+        403
+    );
+    let cross = [("Cookie", alice.as_str()), ("Sec-Fetch-Site", "cross-site")];
+    assert_eq!(
+        http(addr, "POST", "/act", &cross, &resolve).await.status,
+        403
+    );
+    let no_token = resolve.replace(&csrf, "0000");
+    assert_eq!(
+        http(addr, "POST", "/act", &auth, &no_token).await.status,
+        403
+    );
+    let unconfirmed = resolve.replace("&confirmed=yes", "");
+    let confirm = http(addr, "POST", "/act", &auth, &unconfirmed).await;
+    assert_eq!(confirm.status, 200);
+    assert!(confirm.body.contains("Mark letter"), "{}", confirm.body);
+    let state = |id: String| {
+        let store = store.clone();
+        async move { store.dead_letter(&id).await.unwrap().unwrap().letter.state }
+    };
+    assert_eq!(
+        state(hostile.letter_id.clone()).await,
+        LetterState::Unresolved,
+        "not before confirmed"
+    );
+    let done = http(addr, "POST", "/act", &auth, &resolve).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(
+        state(hostile.letter_id.clone()).await,
+        LetterState::Resolved
+    );
+
+    // The handler is mended: a careful replay of the failed group from the
+    // console applies each message once, and the run page follows it.
+    let group = letters
+        .iter()
+        .find(|l| failed.contains(&l.message_id))
+        .unwrap()
+        .group_key
+        .clone();
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    let bob = login(addr, BOB).await;
+    let bob_auth = [("Cookie", bob.as_str())];
+    let bob_csrf = csrf_of(&http(addr, "GET", "/", &bob_auth, "").await.body);
+    let replay = http(
+        addr,
+        "POST",
+        "/act",
+        &bob_auth,
+        &form(&[
+            ("csrf", bob_csrf.as_str()),
+            ("action", "replay-group"),
+            ("group", group.as_str()),
+            ("reason", "config row restored"),
+            ("confirmed", "yes"),
+        ]),
+    )
+    .await;
+    assert_eq!(replay.status, 303, "{}", replay.body);
+    let run_page = replay.headers["location"].clone();
+    assert!(run_page.starts_with("/runs/"), "{run_page}");
+    let progress = format!("{run_page}/progress");
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            let a = http(addr, "GET", &progress, &bob_auth, "").await;
+            let p: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+            p["state"] == "finished" && p["published"] == 3
+        })
+        .await,
+        "the run finished: {}",
+        http(addr, "GET", &progress, &bob_auth, "").await.body
+    );
+    assert!(running.settled(3, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+    for id in &failed {
+        assert_eq!(db.effects_for(id).await, 1, "{id} applied once");
+    }
+    let run = http(addr, "GET", &run_page, &bob_auth, "").await;
+    assert!(run.body.contains("finished"), "{}", run.body);
+    let audit = store.audit_log(50).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.operator == "bob" && e.action.contains("replay")),
+        "the audit names who replayed: {audit:?}"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.operator == "alice" && e.action.contains("resolve")),
+        "{audit:?}"
+    );
+    // The group is no longer among the unresolved.
+    let after = http(addr, "GET", "/", &bob_auth, "").await;
+    assert!(
+        !after.body.contains(&format!(">{group}<")),
+        "{}",
+        after.body
+    );
+
+    drop(console);
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The console refuses to serve where payloads would cross a network in the
+/// clear, and says what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_loopback_the_console_needs_a_proxy_and_logins() {
+    for (args, says) in [
+        (vec!["--bind", "0.0.0.0:0"], "--behind-proxy"),
+        (
+            vec!["--bind", "0.0.0.0:0", "--behind-proxy", "nginx"],
+            "authentication",
+        ),
+        (vec!["--identity-header", "X-User"], "--behind-proxy"),
+    ] {
+        let mut all = vec!["console", "--database-url", "sqlite://nowhere.db"];
+        all.extend(args.iter().copied());
+        let out = crate::cli::warren(&all).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "alice short\n").unwrap();
+    let out = crate::cli::warren(&[
+        "console",
+        "--database-url",
+        "sqlite://nowhere.db",
+        "--tokens",
+        tokens.to_str().unwrap(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("at least 16 characters"), "{stderr}");
+}

@@ -1,0 +1,421 @@
+//! The actions: each a POST from the console's own page, carrying its CSRF
+//! token, confirmed on a page of its own, run through the same store calls
+//! as the CLI and audited under the operator's name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use askama::Template;
+use axum::Form;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use chrono::Utc;
+use serde::Deserialize;
+use warren::admin::{DEFAULT_OUTCOME_TIMEOUT, Replayer, printable};
+use warren::store::{Actor, LetterFilter, LetterState};
+
+use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, check_form, cookie, viewer};
+use crate::pages::{LoginPage, encode};
+use crate::server::{ConsoleStore, Shared, failure, refused, render};
+
+/// Rows deleted per statement when purging.
+const PURGE_BATCH: u32 = 1000;
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct LoginForm {
+    #[serde(default)]
+    token: String,
+}
+
+/// Logs an operator in with their token: a session cookie, `HttpOnly` and
+/// `SameSite=Strict`, so another site's form never carries it.
+pub(crate) async fn login<S: ConsoleStore>(
+    State(app): State<Shared<S>>,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let Some(tokens) = &app.config.tokens else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            "this console takes no tokens: it is open on loopback, or its proxy names the operator",
+        );
+    };
+    let Some(operator) = tokens.operator(form.token.trim()) else {
+        let mut r = render(&LoginPage {
+            error: "no operator has this token".into(),
+        });
+        *r.status_mut() = StatusCode::UNAUTHORIZED;
+        return r;
+    };
+    tracing::info!(operator = %operator, "operator logged in to the console");
+    let id = app.sessions.start(operator);
+    let secure = if app.config.behind_proxy.is_some() {
+        "; Secure"
+    } else {
+        ""
+    };
+    let cookie = format!(
+        "{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        SESSION_LIFETIME.as_secs()
+    );
+    let mut r = Redirect::to("/").into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+pub(crate) async fn logout<S: ConsoleStore>(
+    State(app): State<Shared<S>>,
+    headers: HeaderMap,
+    Form(form): Form<LogoutForm>,
+) -> Response {
+    let viewer = match viewer(&app.config, &app.sessions, &headers) {
+        Ok(v) => v,
+        Err(r) => return refused(r, false),
+    };
+    if let Err(r) = check_form(&viewer, &headers, &form.csrf) {
+        return refused(r, false);
+    }
+    if let Some(id) = cookie(&headers, SESSION_COOKIE) {
+        app.sessions.end(id);
+    }
+    let mut r = Redirect::to("/login").into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("warren_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+    );
+    r
+}
+
+/// An action's form. Which fields count depends on `action`.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub(crate) struct ActForm {
+    #[serde(default)]
+    pub(crate) csrf: String,
+    #[serde(default)]
+    pub(crate) action: String,
+    #[serde(default)]
+    pub(crate) letter: String,
+    #[serde(default)]
+    pub(crate) group: String,
+    #[serde(default)]
+    pub(crate) reason: String,
+    #[serde(default)]
+    pub(crate) hours: String,
+    #[serde(default)]
+    pub(crate) new_group: String,
+    #[serde(default)]
+    pub(crate) days: String,
+    #[serde(default)]
+    pub(crate) confirmed: String,
+}
+
+/// What an action does, in words for its confirmation page.
+fn describe(form: &ActForm) -> Result<String, String> {
+    let need = |v: &str, what: &str| {
+        if v.trim().is_empty() {
+            Err(format!("this action needs {what}"))
+        } else {
+            Ok(())
+        }
+    };
+    Ok(match form.action.as_str() {
+        "replay-letter" => {
+            need(&form.letter, "a letter")?;
+            format!("Replay letter {} to its queue.", form.letter)
+        }
+        "replay-group" => {
+            need(&form.group, "a group")?;
+            format!(
+                "Replay every unresolved letter of group {} carefully: the first copy must \
+                 apply before the rest go, and the run stops at the first copy that fails again.",
+                form.group
+            )
+        }
+        "resolve-letter" => {
+            need(&form.letter, "a letter")?;
+            format!("Mark letter {} resolved.", form.letter)
+        }
+        "resolve-group" => {
+            need(&form.group, "a group")?;
+            format!(
+                "Mark every unresolved letter of group {} resolved.",
+                form.group
+            )
+        }
+        "mute" => {
+            need(&form.group, "a group")?;
+            match hours(form)? {
+                Some(h) => format!("Mute group {} for {h} hour(s).", form.group),
+                None => format!("Mute group {} until it is unmuted.", form.group),
+            }
+        }
+        "unmute" => {
+            need(&form.group, "a group")?;
+            format!("Unmute group {}.", form.group)
+        }
+        "reclassify" => {
+            need(&form.group, "a group")?;
+            need(&form.new_group, "the group to move its letters to")?;
+            format!(
+                "Move the unresolved letters of group {} into group {}.",
+                form.group, form.new_group
+            )
+        }
+        "purge-resolved" => format!(
+            "Delete resolved letters resolved more than {} day(s) ago. This cannot be undone.",
+            days(form)?
+        ),
+        other => return Err(format!("{other:?} is not an action")),
+    })
+}
+
+fn hours(form: &ActForm) -> Result<Option<u32>, String> {
+    match form.hours.trim() {
+        "" => Ok(None),
+        h => h
+            .parse::<u32>()
+            .ok()
+            .filter(|h| (1..=24 * 366).contains(h))
+            .map(Some)
+            .ok_or_else(|| format!("{h:?} hours: give a whole number from 1 to 8784")),
+    }
+}
+
+fn days(form: &ActForm) -> Result<u32, String> {
+    form.days
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|d| (1..=3650).contains(d))
+        .ok_or_else(|| format!("{:?} days: give a whole number from 1 to 3650", form.days))
+}
+
+#[derive(Template)]
+#[template(path = "confirm.html")]
+struct ConfirmPage {
+    viewer: Viewer,
+    what: String,
+    form: ActForm,
+}
+
+#[derive(Template)]
+#[template(path = "done.html")]
+struct DonePage {
+    viewer: Viewer,
+    text: String,
+    back: String,
+}
+
+/// Every action: refused without a login, from another origin or without
+/// the page's CSRF token; shown for confirmation first; then run and audited.
+pub(crate) async fn act<S: ConsoleStore>(
+    State(app): State<Shared<S>>,
+    headers: HeaderMap,
+    Form(form): Form<ActForm>,
+) -> Response {
+    let viewer = match viewer(&app.config, &app.sessions, &headers) {
+        Ok(v) => v,
+        Err(r) => return refused(r, false),
+    };
+    if let Err(r) = check_form(&viewer, &headers, &form.csrf) {
+        return refused(r, false);
+    }
+    let Some(operator) = viewer.operator.clone() else {
+        return failure(
+            StatusCode::FORBIDDEN,
+            "actions are audited under an operator's name: start the console with --tokens FILE, \
+             or with --operator NAME on loopback",
+        );
+    };
+    let what = match describe(&form) {
+        Ok(w) => w,
+        Err(e) => return failure(StatusCode::BAD_REQUEST, &e),
+    };
+    if form.confirmed != "yes" {
+        return render(&ConfirmPage { viewer, what, form });
+    }
+    let actor = Actor::new(operator);
+    match perform(&app, &form, &actor).await {
+        Ok(Done::Run(run_id)) => {
+            Redirect::to(&format!("/runs/{}", encode(&run_id))).into_response()
+        }
+        Ok(Done::Said(text, back)) => render(&DonePage { viewer, text, back }),
+        Err(e) => failure(StatusCode::CONFLICT, &printable(&e)),
+    }
+}
+
+enum Done {
+    /// A replay run started: its page.
+    Run(String),
+    /// What happened, and where to go next.
+    Said(String, String),
+}
+
+fn group_filter(group: &str) -> LetterFilter {
+    LetterFilter {
+        group: Some(group.to_owned()),
+        ..LetterFilter::default()
+    }
+}
+
+async fn perform<S: ConsoleStore>(
+    app: &Shared<S>,
+    form: &ActForm,
+    actor: &Actor,
+) -> Result<Done, String> {
+    let store = &app.store;
+    let db = |e: warren::store::StoreError| format!("the database: {e}");
+    let letter_page = format!("/letters/{}", encode(&form.letter));
+    match form.action.as_str() {
+        "replay-letter" | "replay-group" => replay(app, form, actor).await.map(Done::Run),
+        "resolve-letter" => {
+            let filter = LetterFilter {
+                state: state_of(app, &form.letter).await?,
+                letter_id: Some(form.letter.clone()),
+                ..LetterFilter::default()
+            };
+            let n = store
+                .resolve_dead_letters(&filter, actor)
+                .await
+                .map_err(db)?;
+            Ok(Done::Said(format!("{n} letter(s) resolved."), letter_page))
+        }
+        "resolve-group" => {
+            let n = store
+                .resolve_dead_letters(&group_filter(&form.group), actor)
+                .await
+                .map_err(db)?;
+            Ok(Done::Said(format!("{n} letter(s) resolved."), "/".into()))
+        }
+        "mute" => {
+            let until = hours(form)?.map(|h| Utc::now() + chrono::Duration::hours(i64::from(h)));
+            store
+                .mute_group(&form.group, until, None, form.reason.trim(), actor)
+                .await
+                .map_err(db)?;
+            Ok(Done::Said("Group muted.".into(), "/".into()))
+        }
+        "unmute" => {
+            let was = store.unmute_group(&form.group, actor).await.map_err(db)?;
+            let text = if was {
+                "Group unmuted."
+            } else {
+                "The group was not muted."
+            };
+            Ok(Done::Said(text.into(), "/".into()))
+        }
+        "reclassify" => {
+            let n = store
+                .reclassify_dead_letters(&group_filter(&form.group), form.new_group.trim(), actor)
+                .await
+                .map_err(db)?;
+            Ok(Done::Said(
+                format!("{n} letter(s) moved."),
+                format!("/letters?group={}", encode(form.new_group.trim())),
+            ))
+        }
+        "purge-resolved" => {
+            let days = days(form)?;
+            let before = Utc::now() - chrono::Duration::days(i64::from(days));
+            let mut total = 0;
+            loop {
+                let n = store
+                    .purge_dead_letters(LetterState::Resolved, before, PURGE_BATCH)
+                    .await
+                    .map_err(db)?;
+                total += n;
+                if n < u64::from(PURGE_BATCH) {
+                    break;
+                }
+            }
+            store
+                .audit(
+                    actor,
+                    "purge",
+                    "state=resolved",
+                    &format!("older than {days} day(s): {total} deleted"),
+                    false,
+                )
+                .await
+                .map_err(db)?;
+            Ok(Done::Said(
+                format!("{total} resolved letter(s) deleted."),
+                "/".into(),
+            ))
+        }
+        other => Err(format!("{other:?} is not an action")),
+    }
+}
+
+async fn state_of<S: ConsoleStore>(app: &Shared<S>, letter: &str) -> Result<LetterState, String> {
+    match app.store.dead_letter(letter).await {
+        Ok(Some(r)) => Ok(r.letter.state),
+        Ok(None) => Err(format!("no dead letter {letter:?}")),
+        Err(e) => Err(format!("the database: {e}")),
+    }
+}
+
+/// Starts a replay run (one letter, or a group carefully) and publishes it in
+/// the background; its page follows the run from the database.
+async fn replay<S: ConsoleStore>(
+    app: &Shared<S>,
+    form: &ActForm,
+    actor: &Actor,
+) -> Result<String, String> {
+    let Some(broker) = &app.config.broker else {
+        return Err("this console has no broker to replay to: start it with --amqp-url".into());
+    };
+    let connection =
+        warren::broker::connect_with_tls(&broker.amqp_url, "warren console", &broker.tls)
+            .await
+            .map(Arc::new)
+            .map_err(|e| format!("cannot connect to the broker: {e}"))?;
+    let (filter, careful) = if form.action == "replay-letter" {
+        let filter = LetterFilter {
+            state: state_of(app, &form.letter).await?,
+            letter_id: Some(form.letter.clone()),
+            ..LetterFilter::default()
+        };
+        (filter, false)
+    } else {
+        (group_filter(&form.group), true)
+    };
+    let mut replayer = Replayer::new(app.store.clone(), Arc::clone(&connection), actor.clone());
+    if careful {
+        replayer = replayer.careful(DEFAULT_OUTCOME_TIMEOUT);
+    }
+    let run = match replayer
+        .start(&filter, Some(app.config.inbox_retention), false)
+        .await
+    {
+        Ok(run) => run,
+        Err(e) => {
+            close(&connection).await;
+            return Err(e.to_string());
+        }
+    };
+    let run_id = run.run_id.clone();
+    tokio::spawn(async move {
+        match replayer.resume(&run.run_id, |_| {}).await {
+            Ok(done) => {
+                tracing::info!(run = %done.run_id, published = done.published, "replay run finished");
+            }
+            Err(e) => tracing::warn!(run = %run.run_id, error = %e, "replay run stopped"),
+        }
+        close(&connection).await;
+    });
+    Ok(run_id)
+}
+
+async fn close(connection: &warren::lapin::Connection) {
+    let _ =
+        tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into())).await;
+}

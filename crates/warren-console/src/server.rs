@@ -1,0 +1,179 @@
+//! The HTTP server: routes, the headers every response carries, and the
+//! answers to refused requests.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use askama::Template;
+use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use warren::store::{DeadLetterStore, Journal, SigningKey};
+
+use crate::ConsoleConfig;
+use crate::auth::{Refusal, Sessions};
+use crate::{actions, pages};
+
+/// What the console needs of a store: the dead letters, the journal of
+/// replayed copies, and the signing key replays sign with.
+pub trait ConsoleStore:
+    DeadLetterStore + Journal + SigningKey + Clone + Send + Sync + 'static
+{
+}
+impl<S> ConsoleStore for S where
+    S: DeadLetterStore + Journal + SigningKey + Clone + Send + Sync + 'static
+{
+}
+
+/// Everything a request handler reaches.
+pub(crate) struct App<S> {
+    pub(crate) store: S,
+    pub(crate) config: ConsoleConfig,
+    pub(crate) sessions: Sessions,
+}
+
+pub(crate) type Shared<S> = Arc<App<S>>;
+
+/// The console's script and styles, served from the binary: no third-party
+/// code, no build step.
+const SCRIPT: &str = include_str!("../assets/console.js");
+const STYLE: &str = include_str!("../assets/console.css");
+
+/// Only the console's own script and styles; no inline script, no frames,
+/// forms post only to the console itself.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// A console bound to its address, not yet serving.
+pub struct Console {
+    listener: tokio::net::TcpListener,
+    config: ConsoleConfig,
+}
+
+impl Console {
+    /// Checks the configuration (failing at once, saying what to fix, if it
+    /// is not safe to serve) and binds its address.
+    pub async fn bind(config: ConsoleConfig) -> Result<Self, String> {
+        config.check()?;
+        let listener = tokio::net::TcpListener::bind(config.bind)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.bind))?;
+        Ok(Self { listener, config })
+    }
+
+    /// The address it listens on (the port chosen, if it was 0).
+    pub fn local_addr(&self) -> Result<std::net::SocketAddr, String> {
+        self.listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the console's address: {e}"))
+    }
+
+    /// Serves `store` until `shutdown` completes.
+    pub async fn serve<S: ConsoleStore>(
+        self,
+        store: S,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), String> {
+        let app = router(Arc::new(App {
+            store,
+            config: self.config,
+            sessions: Sessions::new(),
+        }));
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| format!("the console stopped: {e}"))
+    }
+}
+
+fn router<S: ConsoleStore>(app: Shared<S>) -> Router {
+    Router::new()
+        .route("/", get(pages::groups::<S>))
+        .route("/letters", get(pages::letters::<S>))
+        .route("/letters/{id}", get(pages::letter::<S>))
+        .route("/runs/{id}", get(pages::run::<S>))
+        .route("/runs/{id}/progress", get(pages::run_progress::<S>))
+        .route("/audit", get(pages::audit::<S>))
+        .route("/login", get(pages::login_form).post(actions::login::<S>))
+        .route("/logout", post(actions::logout::<S>))
+        .route("/act", post(actions::act::<S>))
+        .route(
+            "/assets/console.js",
+            get(|| async { asset(SCRIPT, "text/javascript") }),
+        )
+        .route(
+            "/assets/console.css",
+            get(|| async { asset(STYLE, "text/css") }),
+        )
+        .layer(axum::middleware::map_response(secure_headers))
+        .with_state(app)
+}
+
+fn asset(body: &'static str, kind: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, kind)], body).into_response()
+}
+
+/// Headers on every response: the CSP, no sniffing, no framing, no caching
+/// of pages that hold payment data, no referrer leaking letter ids.
+async fn secure_headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// A page rendered, or the error that stopped it.
+pub(crate) fn render(page: &impl Template) -> Response {
+    match page.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot render: {e}"),
+        ),
+    }
+}
+
+/// A plain page saying what went wrong.
+#[derive(Template)]
+#[template(path = "message.html")]
+struct Message<'a> {
+    title: &'a str,
+    text: &'a str,
+}
+
+pub(crate) fn failure(status: StatusCode, text: &str) -> Response {
+    let title = status.canonical_reason().unwrap_or("Error");
+    let mut response = render(&Message { title, text });
+    *response.status_mut() = status;
+    response
+}
+
+/// The answer to a refused request: a page asks to log in, an action is
+/// refused outright.
+pub(crate) fn refused(refusal: Refusal, page: bool) -> Response {
+    match (refusal, page) {
+        (Refusal::Unauthenticated, true) => Redirect::to("/login").into_response(),
+        (Refusal::Unauthenticated, false) => failure(
+            StatusCode::UNAUTHORIZED,
+            "log in first: this console needs an operator's token",
+        ),
+        (Refusal::Forged, _) => failure(
+            StatusCode::FORBIDDEN,
+            "refused: the form did not come from this console's own page (another origin, or \
+             no valid CSRF token). Reload the page and try again.",
+        ),
+    }
+}
