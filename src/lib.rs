@@ -85,6 +85,8 @@ pub mod guide {
     pub mod failures {}
     #[doc = include_str!("../docs/dead-letters.md")]
     pub mod dead_letters {}
+    #[doc = include_str!("../docs/console.md")]
+    pub mod console {}
     #[doc = include_str!("../docs/ordering.md")]
     pub mod ordering {}
     #[doc = include_str!("../docs/production.md")]

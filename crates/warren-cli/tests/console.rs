@@ -17,18 +17,18 @@ use crate::util::{Backend, Running, TestBroker, TestDb, amqp_url, routes, wait_f
 
 on_all_backends!(the_console_from_login_to_a_careful_replay);
 
-const ALICE: &str = "alice-token-0123456789";
+pub(crate) const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-9876543210ab";
 
 /// An HTTP answer.
-struct Answer {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) body: String,
 }
 
 /// One HTTP/1.1 request on its own connection, read to the end.
-async fn http(
+pub(crate) async fn http(
     addr: &str,
     method: &str,
     path: &str,
@@ -98,7 +98,7 @@ fn dechunk(mut s: &str) -> String {
 }
 
 /// Form-encodes pairs.
-fn form(pairs: &[(&str, &str)]) -> String {
+pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
         .map(|(k, v)| format!("{k}={}", encode(v)))
@@ -106,7 +106,7 @@ fn form(pairs: &[(&str, &str)]) -> String {
         .join("&")
 }
 
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
@@ -118,7 +118,7 @@ fn encode(s: &str) -> String {
 }
 
 /// The CSRF token a page's forms carry.
-fn csrf_of(page: &str) -> String {
+pub(crate) fn csrf_of(page: &str) -> String {
     let at = page
         .find("name=\"csrf\" value=\"")
         .expect("a form with a CSRF token");
@@ -127,12 +127,12 @@ fn csrf_of(page: &str) -> String {
 }
 
 /// A running `warren console`, and the address it printed.
-struct ConsoleProcess {
+pub(crate) struct ConsoleProcess {
     _child: tokio::process::Child,
-    addr: String,
+    pub(crate) addr: String,
 }
 
-async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess {
+pub(crate) async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess {
     let mut child = warren_cmd()
         .args([
             "console",
@@ -145,7 +145,7 @@ async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess
             "--mask",
             "card",
         ])
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "warn,warren_console=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -162,7 +162,13 @@ async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess
     .await
     .expect("the console says where it listens");
     // Keep reading, so its logging never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Its log goes to the test's output, shown when a test fails.
+    #[allow(clippy::print_stderr)]
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("console: {line}");
+        }
+    });
     ConsoleProcess {
         _child: child,
         addr,
@@ -170,7 +176,7 @@ async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess
 }
 
 /// Logs in with `token`; the session cookie.
-async fn login(addr: &str, token: &str) -> String {
+pub(crate) async fn login(addr: &str, token: &str) -> String {
     let a = http(addr, "POST", "/login", &[], &form(&[("token", token)])).await;
     assert_eq!(a.status, 303, "a login redirects: {}", a.body);
     let cookie = a.headers.get("set-cookie").expect("a session cookie");
@@ -183,7 +189,7 @@ async fn login(addr: &str, token: &str) -> String {
 
 /// A letter no browser may run: script, attribute breakouts and a
 /// `javascript:` link in the payload, the message id and the type.
-async fn dead_letter_hostile(broker: &TestBroker) {
+pub(crate) async fn dead_letter_hostile(broker: &TestBroker) {
     let body = serde_json::json!({
         "note": "<script>alert('payload')</script>",
         "breakout": "\"><img src=x onerror=alert(1)>",
@@ -206,7 +212,7 @@ async fn dead_letter_hostile(broker: &TestBroker) {
 }
 
 /// Runs the ingester until `n` letters are stored.
-async fn ingest<B: Backend>(db: &TestDb<B>, broker: &TestBroker, n: usize) {
+pub(crate) async fn ingest<B: Backend>(db: &TestDb<B>, broker: &TestBroker, n: usize) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
     let task = tokio::spawn(async move {

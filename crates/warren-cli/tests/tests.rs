@@ -12,4 +12,5 @@ mod util;
 
 mod cli;
 mod console;
+mod console_browser;
 mod dead_letters;

@@ -270,6 +270,10 @@ pub(crate) fn check_form(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Re
         && site != "same-origin"
         && site != "none"
     {
+        tracing::warn!(
+            sec_fetch_site = site,
+            "refused a form sent from another site"
+        );
         return Err(Refusal::Forged);
     }
     if let Some(origin) = headers.get(ORIGIN) {
@@ -280,10 +284,12 @@ pub(crate) fn check_form(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Re
             .and_then(|o| o.split_once("://"))
             .map(|(_, rest)| rest);
         if host.is_none() || origin_host != host {
+            tracing::warn!(?origin, ?host, "refused a form from another origin");
             return Err(Refusal::Forged);
         }
     }
     if viewer.csrf.is_empty() || !bool::from(viewer.csrf.as_bytes().ct_eq(csrf.as_bytes())) {
+        tracing::warn!("refused a form without this session's CSRF token");
         return Err(Refusal::Forged);
     }
     Ok(())

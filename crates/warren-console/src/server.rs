@@ -115,7 +115,9 @@ fn asset(body: &'static str, kind: &'static str) -> Response {
 }
 
 /// Headers on every response: the CSP, no sniffing, no framing, no caching
-/// of pages that hold payment data, no referrer leaking letter ids.
+/// of pages that hold payment data, no referrer leaking letter ids to other
+/// sites. (`same-origin`, not `no-referrer`: under `no-referrer` Chrome sends
+/// `Origin: null` with the console's own forms, which then look forged.)
 async fn secure_headers(mut response: Response) -> Response {
     let h = response.headers_mut();
     h.insert(
@@ -129,7 +131,7 @@ async fn secure_headers(mut response: Response) -> Response {
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response

@@ -38,6 +38,10 @@ pub struct Raw {
     pub partition_lease: Option<String>,
     pub dead_letter_store: Option<String>,
     pub dead_letter_redact: Option<Vec<String>>,
+    pub console: Option<String>,
+    pub console_tokens: Option<String>,
+    pub console_operator: Option<String>,
+    pub console_mask: Option<Vec<String>>,
 }
 
 impl Raw {
@@ -69,6 +73,10 @@ impl Raw {
             partition_lease: self.partition_lease.or(other.partition_lease),
             dead_letter_store: self.dead_letter_store.or(other.dead_letter_store),
             dead_letter_redact: self.dead_letter_redact.or(other.dead_letter_redact),
+            console: self.console.or(other.console),
+            console_tokens: self.console_tokens.or(other.console_tokens),
+            console_operator: self.console_operator.or(other.console_operator),
+            console_mask: self.console_mask.or(other.console_mask),
         }
     }
 }
@@ -107,6 +115,8 @@ pub struct Config {
     pub dead_letter_store: bool,
     /// Payload fields redacted before a dead letter is stored.
     pub dead_letter_redact: Vec<String>,
+    /// The web console on the dead-letter store, if enabled.
+    pub console: Option<warren_console::ConsoleConfig>,
 }
 
 fn key<T, E: Reason>(name: &str, r: Result<T, E>) -> Result<T, String> {
@@ -254,6 +264,13 @@ impl Config {
                 return Err(format!("dead_letter_store: {other:?} is not on or off"));
             }
         };
+        let console = resolve_console(
+            [&raw.console, &raw.console_tokens, &raw.console_operator],
+            &raw.console_mask,
+            &amqp_url,
+            &tls,
+            dead_letter_store,
+        )?;
         let dead_letter_redact: Vec<String> = raw
             .dead_letter_redact
             .unwrap_or_default()
@@ -271,6 +288,7 @@ impl Config {
             ));
         }
         Ok(Config {
+            console,
             dead_letter_store,
             dead_letter_redact,
             amqp_url,
@@ -289,6 +307,66 @@ impl Config {
             partition_lease,
         })
     }
+}
+
+/// The console's settings, if `console` names an address to serve it on.
+fn resolve_console(
+    [bind, tokens, operator]: [&Option<String>; 3],
+    mask: &Option<Vec<String>>,
+    amqp_url: &str,
+    tls: &TlsOptions,
+    dead_letter_store: bool,
+) -> Result<Option<warren_console::ConsoleConfig>, String> {
+    let Some(bind) = bind.as_deref() else {
+        for (name, set) in [
+            ("console_tokens", tokens.is_some()),
+            ("console_operator", operator.is_some()),
+            ("console_mask", mask.is_some()),
+        ] {
+            if set {
+                return Err(format!(
+                    "{name}: set, but the console is not enabled; give console an address, e.g. 127.0.0.1:8088"
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    if !dead_letter_store {
+        return Err(
+            "console: the console shows the dead-letter store, which is off (dead_letter_store = off)"
+                .into(),
+        );
+    }
+    let bind: SocketAddr = bind.parse().map_err(|_| {
+        format!("console: {bind:?} is not an address; use host:port, e.g. 127.0.0.1:8088")
+    })?;
+    let mut console = warren_console::ConsoleConfig::new(bind);
+    console.tokens = tokens
+        .as_deref()
+        .map(|p| warren_console::read_tokens(Path::new(p)))
+        .transpose()
+        .map_err(|e| format!("console_tokens: {e}"))?;
+    console.local_operator = operator
+        .as_deref()
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(str::to_owned);
+    console.masked_fields = mask
+        .iter()
+        .flatten()
+        .flat_map(|f| f.split(','))
+        .map(|f| f.trim().to_owned())
+        .filter(|f| !f.is_empty())
+        .collect();
+    console.broker = warren::admin::split_url_list(amqp_url)
+        .into_iter()
+        .next()
+        .map(|u| warren_console::BrokerTarget {
+            amqp_url: u.to_owned(),
+            tls: tls.clone(),
+        });
+    console.check().map_err(|e| format!("console: {e}"))?;
+    Ok(Some(console))
 }
 
 /// The TLS files, read and checked; an `amqp://` URL with any of them set is an

@@ -106,6 +106,21 @@ struct Cli {
     /// separated (dotted paths into the payload) [default: none].
     #[arg(long, env = "BILLING_DEAD_LETTER_REDACT", global = true)]
     dead_letter_redact: Option<String>,
+    /// Serve the web console on the dead-letter store at this address (e.g.
+    /// 127.0.0.1:8088) while `run` runs [default: off]. See docs/console.md.
+    #[arg(long, env = "BILLING_CONSOLE", global = true)]
+    console: Option<String>,
+    /// The console's file of operators' tokens, one `NAME TOKEN` per line.
+    #[arg(long, env = "BILLING_CONSOLE_TOKENS", global = true)]
+    console_tokens: Option<String>,
+    /// On loopback without tokens: the operator the console's actions are
+    /// audited under.
+    #[arg(long, env = "BILLING_CONSOLE_OPERATOR", global = true)]
+    console_operator: Option<String>,
+    /// Payload fields the console masks until an operator asks, comma
+    /// separated.
+    #[arg(long, env = "BILLING_CONSOLE_MASK", global = true)]
+    console_mask: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -255,6 +270,10 @@ impl Cli {
             partition_lease: self.partition_lease.clone(),
             dead_letter_store: self.dead_letter_store.clone(),
             dead_letter_redact: self.dead_letter_redact.clone().map(|r| vec![r]),
+            console: self.console.clone(),
+            console_tokens: self.console_tokens.clone(),
+            console_operator: self.console_operator.clone(),
+            console_mask: self.console_mask.clone().map(|m| vec![m]),
         };
         let file = match &self.config {
             Some(path) => config::Raw::from_file(path)?,
@@ -319,6 +338,24 @@ fn init_bench_logging() {
         .init();
 }
 
+/// Binds the console (failing at once, saying what to fix) and serves it
+/// beside the service until the task is aborted.
+async fn start_console<S: warren_console::ConsoleStore>(
+    config: warren_console::ConsoleConfig,
+    store: S,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let console = warren_console::Console::bind(config)
+        .await
+        .map_err(|e| format!("console: {e}"))?;
+    let address = console.local_addr()?;
+    tracing::info!(address = %address, "console listening");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = console.serve(store, std::future::pending()).await {
+            tracing::error!(error = %e, "the console stopped");
+        }
+    }))
+}
+
 /// When each message settled, recorded during `billing bench`'s latency runs.
 static SETTLED: std::sync::LazyLock<bench::Settled> = std::sync::LazyLock::new(Default::default);
 
@@ -333,7 +370,11 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             let names = cli.names();
             let db = db::open(&cli.database_url_or_default(), None, pool).await?;
             db::with_store!(db, |store: B| {
-                service::run::<B>(
+                let console = match &cli.console {
+                    Some(config) => Some(start_console(config.clone(), store.clone()).await?),
+                    None => None,
+                };
+                let ran = service::run::<B>(
                     store,
                     &cli.amqp_url,
                     &names,
@@ -342,7 +383,11 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                     cli.inbox_retention,
                     signal,
                 )
-                .await?;
+                .await;
+                if let Some(console) = console {
+                    console.abort();
+                }
+                ran?;
             });
             Ok(true)
         }

@@ -161,6 +161,27 @@ async fn bad_flag_values_stop_with_a_message() {
     let (ok, _, err) = output(billing().args(["publish", "--duplicates", "2"])).await;
     assert!(!ok);
     assert!(err.contains("--duplicates"), "{err}");
+    // The console: off loopback only behind a named proxy; its options only
+    // with it; never without the store it shows.
+    let (ok, _, err) = output(billing().args(["--console", "0.0.0.0:8088", "status"])).await;
+    assert!(!ok);
+    assert!(
+        err.contains("console") && err.contains("--behind-proxy"),
+        "{err}"
+    );
+    let (ok, _, err) = output(billing().args(["--console-operator", "ana", "status"])).await;
+    assert!(!ok);
+    assert!(err.contains("console_operator"), "{err}");
+    let (ok, _, err) = output(billing().args([
+        "--console",
+        "127.0.0.1:8088",
+        "--dead-letter-store",
+        "off",
+        "status",
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(err.contains("dead_letter_store"), "{err}");
 }
 
 /// Regression (issue 10): a password holding `/`, a `?password=` parameter, a bad
@@ -215,7 +236,15 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
         "--retry-tiers",
         "200ms,500ms",
     ];
-    let mut run = start_run(billing().args(common), port).await;
+    let console = free_port();
+    let console_addr = format!("127.0.0.1:{console}");
+    let mut run = start_run(
+        billing()
+            .args(common)
+            .args(["--console", &console_addr, "--console-operator", "ana"]),
+        port,
+    )
+    .await;
     assert!(http_get(port, "/healthz").await.unwrap().contains("ok"));
 
     let (ok, published, err) = output(billing().args(common).args([
@@ -276,6 +305,12 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
     ] {
         assert_eq!(line_value(&status, reason), Some(n), "{reason}: {status}");
     }
+
+    // The console beside the service shows the same dead letters.
+    let groups = http_get(console, "/").await.unwrap();
+    assert!(groups.starts_with("HTTP/1.1 200"), "{groups}");
+    assert!(groups.contains("5</span> unresolved"), "{groups}");
+    assert!(groups.contains("permanent-failure"), "{groups}");
 
     let metrics = http_get(port, "/metrics").await.unwrap();
     assert!(
