@@ -12,7 +12,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use serde::Deserialize;
-use warren::admin::{DEFAULT_OUTCOME_TIMEOUT, Replayer, printable};
+use warren::admin::{
+    DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, set_payload_fields,
+};
 use warren::store::{Actor, LetterFilter, LetterState};
 
 use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, check_form, cookie, viewer};
@@ -114,6 +116,10 @@ pub(crate) struct ActForm {
     #[serde(default)]
     pub(crate) days: String,
     #[serde(default)]
+    pub(crate) field: String,
+    #[serde(default)]
+    pub(crate) value: String,
+    #[serde(default)]
     pub(crate) confirmed: String,
 }
 
@@ -137,6 +143,16 @@ fn describe(form: &ActForm) -> Result<String, String> {
                 "Replay every unresolved letter of group {} carefully: the first copy must \
                  apply before the rest go, and the run stops at the first copy that fails again.",
                 form.group
+            )
+        }
+        "edit-replay" => {
+            need(&form.letter, "a letter")?;
+            need(&form.field, "the payload field to set")?;
+            need(&form.reason, "a reason, for the audit table")?;
+            format!(
+                "Set payload field {} of letter {} to {} (its original body is kept beside \
+                 the edit), then replay it.",
+                form.field, form.letter, form.value
             )
         }
         "resolve-letter" => {
@@ -276,6 +292,25 @@ async fn perform<S: ConsoleStore>(
     let letter_page = format!("/letters/{}", encode(&form.letter));
     match form.action.as_str() {
         "replay-letter" | "replay-group" => replay(app, form, actor).await.map(Done::Run),
+        "edit-replay" => {
+            let record = store
+                .dead_letter(&form.letter)
+                .await
+                .map_err(db)?
+                .ok_or_else(|| format!("no dead letter {:?}", form.letter))?;
+            let body = set_payload_fields(
+                record.body_to_send(),
+                &[(form.field.trim().to_owned(), form.value.clone())],
+            )?;
+            edit_letter(store, &form.letter, &body, form.reason.trim(), actor)
+                .await
+                .map_err(|e| e.to_string())?;
+            let again = ActForm {
+                action: "replay-letter".into(),
+                ..form.clone()
+            };
+            replay(app, &again, actor).await.map(Done::Run)
+        }
         "resolve-letter" => {
             let filter = LetterFilter {
                 state: state_of(app, &form.letter).await?,

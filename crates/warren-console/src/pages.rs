@@ -382,6 +382,18 @@ struct LetterPage {
     revealed: bool,
     edit: Option<(String, String, String)>,
     replays: Vec<ReplayRow>,
+    history: Vec<HistoryRow>,
+}
+
+/// Outcomes of one message shown on its letter's page, at most.
+const HISTORY: u32 = 100;
+
+/// One journaled outcome of a letter's message.
+pub(crate) struct HistoryRow {
+    pub(crate) at: String,
+    pub(crate) outcome: String,
+    pub(crate) detail: String,
+    pub(crate) replay_id: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -464,6 +476,24 @@ pub(crate) async fn letter<S: ConsoleStore>(
             run_id: r.run_id,
         });
     }
+    // The failure history: every outcome the journal kept for this message
+    // at this consumer (retries, dead letters, replays and their outcomes).
+    let history = match app
+        .store
+        .journal_of_message(&record.letter.consumer, &record.letter.message_id, HISTORY)
+        .await
+    {
+        Ok(entries) => entries
+            .into_iter()
+            .map(|e| HistoryRow {
+                at: time(e.at),
+                outcome: e.outcome,
+                detail: e.detail,
+                replay_id: e.replay_id,
+            })
+            .collect(),
+        Err(e) => return store_failed(e),
+    };
     let (shown, masked) = payload(record.body_to_send(), &app.config.masked_fields, revealed);
     let l = record.letter;
     render(&LetterPage {
@@ -480,6 +510,7 @@ pub(crate) async fn letter<S: ConsoleStore>(
             .as_ref()
             .map(|e| (e.by.clone(), e.reason.clone(), time(e.at))),
         replays: rows,
+        history,
         letter: l,
     })
 }
