@@ -147,6 +147,37 @@ async fn a_hundred_thousand_letters_are_found_fast_and_replayed_once_through_an_
         assert!(!page.is_empty(), "{name}");
     }
 
+    // The console's pages over HTTP, rendered whole: the groups page and the
+    // first page of a search (the goal: under 300 ms each).
+    let console = warren_console::Console::bind(warren_console::ConsoleConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+    ))
+    .await
+    .unwrap();
+    let addr = console.local_addr().unwrap();
+    let (stop_console, console_stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(console.serve(db.store.clone(), async {
+        let _ = console_stopped.await;
+    }));
+    for path in [
+        "/",
+        "/letters",
+        "/letters?group=group7",
+        "/letters?field=customerId&value=cus_321",
+        "/letters?since=2020-01-01&until=2100-01-01&event_type=test.type3",
+    ] {
+        // Twice: the first request of a path also warms the connection pool.
+        for round in ["cold", "warm"] {
+            let timed = Instant::now();
+            let page = http_get(addr, path).await;
+            let took = timed.elapsed();
+            assert!(page.starts_with("HTTP/1.1 200"), "{path}: {page}");
+            println!("console {path} ({round}): {} bytes in {took:?}", page.len());
+        }
+    }
+    let _ = stop_console.send(());
+    serving.await.unwrap().unwrap();
+
     // A careful replay of all of them, interrupted halfway and resumed.
     let running = Running::start(Consumer::new(
         config.clone(),
@@ -232,4 +263,15 @@ async fn a_hundred_thousand_letters_are_found_fast_and_replayed_once_through_an_
 
     broker.cleanup().await;
     db.drop_db().await;
+}
+
+/// One GET, read to the end of the answer.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
 }
