@@ -210,12 +210,37 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
         .find_map(|(k, v)| (k == name).then_some(v))
 }
 
+/// Whether the request names a host the console may answer for. On
+/// loopback without a proxy only loopback names pass: a page on another
+/// site whose name an attacker re-points at 127.0.0.1 (DNS rebinding) would
+/// otherwise read the console as its own origin, CSRF token included.
+fn host_allowed(config: &ConsoleConfig, headers: &HeaderMap) -> bool {
+    if config.behind_proxy.is_some() || !config.bind.ip().is_loopback() {
+        return true;
+    }
+    let Some(host) = headers.get(HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Who sent the request, or why it is refused.
 pub(crate) fn viewer(
     config: &ConsoleConfig,
     sessions: &Sessions,
     headers: &HeaderMap,
 ) -> Result<Viewer, Refusal> {
+    if !host_allowed(config, headers) {
+        tracing::warn!(host = ?headers.get(HOST), "refused a request for another host name");
+        return Err(Refusal::Forged);
+    }
     if let (Some(header), Some(_)) = (&config.identity_header, &config.behind_proxy) {
         let name = headers
             .get(header.as_str())
@@ -324,6 +349,46 @@ mod tests {
             TokensError::Repeated(2)
         );
         assert_eq!(Tokens::parse("# nobody\n").unwrap_err(), TokensError::Empty);
+    }
+
+    #[test]
+    fn on_loopback_only_loopback_host_names_are_answered() {
+        let config = ConsoleConfig::new("127.0.0.1:8088".parse().unwrap());
+        let sessions = Sessions::new();
+        let with_host = |host: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(HOST, host.parse().unwrap());
+            viewer(&config, &sessions, &h).is_ok()
+        };
+        for ok in [
+            "127.0.0.1:8088",
+            "localhost:8088",
+            "LOCALHOST",
+            "[::1]:8088",
+            "127.0.0.2",
+        ] {
+            assert!(with_host(ok), "{ok}");
+        }
+        for rebound in [
+            "evil.example:8088",
+            "evil.example",
+            "10.0.0.1:8088",
+            "[2001:db8::1]:8088",
+        ] {
+            assert!(!with_host(rebound), "{rebound}");
+        }
+        assert!(
+            viewer(&config, &sessions, &HeaderMap::new()).is_err(),
+            "no Host"
+        );
+        let mut proxied = ConsoleConfig::new("127.0.0.1:8088".parse().unwrap());
+        proxied.behind_proxy = Some("nginx".into());
+        let mut h = HeaderMap::new();
+        h.insert(HOST, "console.example".parse().unwrap());
+        assert!(
+            host_allowed(&proxied, &h),
+            "behind a proxy the public name passes"
+        );
     }
 
     #[test]
