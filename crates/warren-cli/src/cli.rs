@@ -276,7 +276,9 @@ pub(crate) enum DeadLettersCommand {
     /// Switch editing on or off for everyone using this database.
     Policy {
         /// on or off.
-        #[arg(long, value_parser = parse_on_off)]
+        // Set, not clap's default for a bool (a flag that takes no value):
+        // `--edit off` must read the value.
+        #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set)]
         edit: bool,
     },
 }
