@@ -474,8 +474,9 @@ pub async fn declare_on(connection: &Connection, topology: &Topology) -> Result<
 }
 
 /// Closes `connection` if it is still open, never waiting longer than
-/// [`CALL_TIMEOUT`].
-pub(crate) async fn close_connection(connection: &Connection, reason: &str) {
+/// [`CALL_TIMEOUT`]: a broker that never answers the close cannot keep a
+/// command or a task from ending once its work is done.
+pub async fn close_connection(connection: &Connection, reason: &str) {
     close_connection_within(connection, reason, CALL_TIMEOUT).await;
 }
 

@@ -156,7 +156,8 @@ pub mod admin {
         CopyOutcome, DEFAULT_MAX_STORED_BODY, DEFAULT_OUTCOME_TIMEOUT, DEFAULT_RESOLVED_RETENTION,
         DeadLetter, DeadLetterInfo, DeadLetterQueue, EditError, Ingester, MAX_REPLAY_RUN, REDACTED,
         ReplayError, ReplayReport, Replayed, Replayer, Selection, edit_letter, error_shape,
-        fingerprint, letter_id, letter_id_of_content, set_payload_fields, unstored_queue_name,
+        fingerprint, letter_id, letter_id_of_content, purge_letters, replays_with_outcomes,
+        set_payload_fields, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{printable, printable_bytes};

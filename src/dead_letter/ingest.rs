@@ -43,9 +43,6 @@ pub const DEFAULT_RESOLVED_RETENTION: Duration = Duration::from_secs(30 * 86_400
 /// Groups with a series of their own in `dead_letters_unresolved_by_group`.
 const GROUP_SERIES: usize = 20;
 
-/// Rows deleted per statement by retention.
-const PURGE_BATCH: u32 = 1000;
-
 /// How many dead letters the broker may hand the ingester at once.
 const PREFETCH: u16 = 16;
 
@@ -231,12 +228,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         }
         if let Some(cutoff) = self.retention.and_then(crate::retention::cutoff) {
             for state in [LetterState::Resolved, LetterState::Replayed] {
-                while self
-                    .store
-                    .purge_dead_letters(state, cutoff, PURGE_BATCH)
-                    .await?
-                    == u64::from(PURGE_BATCH)
-                {}
+                super::purge_letters(&self.store, state, cutoff).await?;
             }
         }
         Ok(())

@@ -172,6 +172,24 @@ impl DeadLetterRecord {
     pub fn body_to_send(&self) -> &[u8] {
         self.edit.as_ref().map_or(&self.body, |e| &e.body)
     }
+
+    /// Each header's name and its value as text (a string as it is, any
+    /// other value as JSON), in the stored order.
+    pub fn header_texts(&self) -> Vec<(String, String)> {
+        match serde_json::from_str::<serde_json::Value>(&self.headers) {
+            Ok(serde_json::Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, v)| {
+                    let text = match v {
+                        serde_json::Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (k, text)
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// One group of letters that failed the same way.
@@ -241,6 +259,23 @@ impl Default for LetterFilter {
 }
 
 impl LetterFilter {
+    /// The filter that takes `letter` alone, in the state it is in.
+    pub fn of_letter(letter: &StoredDeadLetter) -> Self {
+        Self {
+            state: letter.state,
+            letter_id: Some(letter.letter_id.clone()),
+            ..Self::default()
+        }
+    }
+
+    /// The filter that takes a group's unresolved letters.
+    pub fn of_group(group: &str) -> Self {
+        Self {
+            group: Some(group.to_owned()),
+            ..Self::default()
+        }
+    }
+
     /// The filter as `name=value` pairs, for the audit table and messages.
     pub fn describe(&self) -> String {
         let mut parts = vec![format!("state={}", self.state.as_str())];
@@ -279,6 +314,39 @@ pub struct PageAfter {
     pub last_failure: DateTime<Utc>,
     /// Its id.
     pub letter_id: String,
+}
+
+impl PageAfter {
+    /// The page that follows `letter`, the last of a page.
+    pub fn after(letter: &StoredDeadLetter) -> Self {
+        Self {
+            last_failure: letter.last_failure,
+            letter_id: letter.letter_id.clone(),
+        }
+    }
+
+    /// The cursor as text, `TIME,LETTER`: what the CLI prints for `--after`
+    /// and the console puts in its next-page link.
+    pub fn cursor(&self) -> String {
+        format!(
+            "{},{}",
+            // Every digit the time has: a cursor cut to microseconds would
+            // repeat or skip letters on a store that keeps nanoseconds.
+            self.last_failure
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            self.letter_id
+        )
+    }
+
+    /// Reads a cursor [`cursor`](Self::cursor) wrote; `None` if it is not one.
+    pub fn from_cursor(text: &str) -> Option<Self> {
+        let (time, letter) = text.split_once(',')?;
+        let last_failure = DateTime::parse_from_rfc3339(time).ok()?.with_timezone(&Utc);
+        Some(Self {
+            last_failure,
+            letter_id: letter.to_owned(),
+        })
+    }
 }
 
 /// Who changes stored letters, for the audit table: the operator name given,

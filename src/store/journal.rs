@@ -27,6 +27,16 @@ pub struct JournalEntry {
     pub at: DateTime<Utc>,
 }
 
+impl JournalEntry {
+    /// The outcome, with its detail in brackets if it has one.
+    pub fn described(&self) -> String {
+        match self.detail.as_str() {
+            "" => self.outcome.clone(),
+            d => format!("{} ({d})", self.outcome),
+        }
+    }
+}
+
 store_trait! {
     /// The delivery journal.
     pub trait Journal: Store {

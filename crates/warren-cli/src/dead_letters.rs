@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use warren::admin::{
-    CopyOutcome, Ingester, ReplayError, Replayer, edit_letter, printable, set_payload_fields,
+    CopyOutcome, Ingester, ReplayError, Replayer, edit_letter, printable, purge_letters,
+    replays_with_outcomes, set_payload_fields,
 };
 use warren::store::{
-    Actor, DeadLetterGroup, DeadLetterStore, GroupMute, Journal, LetterFilter, LetterState,
-    PageAfter, SigningKey, StoredDeadLetter,
+    Actor, DeadLetterGroup, DeadLetterStore, GroupMute, Journal, JournalEntry, LetterFilter,
+    LetterState, PageAfter, SigningKey, StoredDeadLetter,
 };
 
 use crate::CliError;
@@ -24,9 +25,6 @@ pub(crate) struct Broker {
     pub(crate) amqp_url: String,
     pub(crate) tls: warren::tls::TlsOptions,
 }
-
-/// Rows deleted per statement by `purge`.
-const PURGE_BATCH: u32 = 1000;
 
 pub(crate) async fn run_dead_letters<S>(
     store: &S,
@@ -112,9 +110,7 @@ where
                 (!no_wait).then_some(outcome_timeout),
             )
             .await;
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into()))
-                    .await;
+            warren::broker::close_connection(&connection, "done").await;
             done?;
         }
         DeadLettersCommand::Edit {
@@ -225,17 +221,7 @@ where
             }
             let mut counts = Vec::new();
             for state in states {
-                let mut n = 0;
-                loop {
-                    let gone = store
-                        .purge_dead_letters(state, cutoff, PURGE_BATCH)
-                        .await
-                        .map_err(fail)?;
-                    n += gone;
-                    if gone < u64::from(PURGE_BATCH) {
-                        break;
-                    }
-                }
+                let n = purge_letters(store, state, cutoff).await.map_err(fail)?;
                 counts.push(format!("{n} {}", state.as_str()));
             }
             let detail = counts.join(", ");
@@ -326,11 +312,7 @@ where
                 .await
                 .map_err(|e| CliError::Failed(e.to_string()))?
                 .ok_or_else(|| CliError::Failed(format!("no dead letter {letter:?}")))?;
-            let filter = LetterFilter {
-                state: record.letter.state,
-                letter_id: Some(letter.clone()),
-                ..LetterFilter::default()
-            };
+            let filter = LetterFilter::of_letter(&record.letter);
             let run = replayer
                 .start(&filter, Some(inbox_retention), force)
                 .await
@@ -338,10 +320,7 @@ where
             (run.run_id, Some(record.letter))
         }
         (_, Some(group), _) => {
-            let filter = LetterFilter {
-                group: Some(group.clone()),
-                ..LetterFilter::default()
-            };
+            let filter = LetterFilter::of_group(group);
             let run = replayer
                 .start(&filter, Some(inbox_retention), force)
                 .await
@@ -426,21 +405,19 @@ async fn show<S: DeadLetterStore + Journal>(
         .await
         .map_err(fail)?
         .ok_or_else(|| CliError::Failed(format!("no dead letter {letter:?}")))?;
-    let replays = store.letter_replays(letter).await.map_err(fail)?;
-    let mut outcomes = Vec::new();
-    for r in &replays {
-        let journal = store.journal_of_replay(&r.replay_id).await.map_err(fail)?;
-        outcomes.push(
-            journal
+    let (replays, outcomes): (Vec<_>, Vec<_>) = replays_with_outcomes(store, letter)
+        .await
+        .map_err(fail)?
+        .into_iter()
+        .map(|(r, journal)| {
+            let outcome = journal
                 .iter()
-                .map(|e| match e.detail.as_str() {
-                    "" => e.outcome.clone(),
-                    d => format!("{} ({d})", e.outcome),
-                })
+                .map(JournalEntry::described)
                 .collect::<Vec<_>>()
-                .join(", "),
-        );
-    }
+                .join(", ");
+            (r, outcome)
+        })
+        .unzip();
     let headers: serde_json::Value =
         serde_json::from_str(&record.headers).unwrap_or(serde_json::Value::Null);
     let l = &record.letter;
@@ -490,14 +467,8 @@ async fn show<S: DeadLetterStore + Journal>(
         println!("body:        CUT when stored; the whole letter waits on the side queue");
     }
     println!("headers:");
-    if let serde_json::Value::Object(map) = &headers {
-        for (k, v) in map {
-            let text = match v {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            println!("  {}: {}", printable(k), printable(&text));
-        }
+    for (k, text) in record.header_texts() {
+        println!("  {}: {}", printable(&k), printable(&text));
     }
     if let Some(edit) = &record.edit {
         println!(
@@ -608,12 +579,7 @@ fn print_list(letters: &[StoredDeadLetter], limit: u32, json: bool) {
     if letters.len() as u64 == u64::from(limit)
         && let Some(last) = letters.last()
     {
-        eprintln!(
-            "next page: --after {},{}",
-            last.last_failure
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            last.letter_id
-        );
+        eprintln!("next page: --after {}", PageAfter::after(last).cursor());
     }
 }
 
@@ -645,18 +611,10 @@ fn mute_text(m: &GroupMute) -> String {
 
 /// `--after TIME,LETTER` as `list` printed it.
 fn parse_after(s: &str) -> Result<PageAfter, CliError> {
-    let bad = || {
+    PageAfter::from_cursor(s).ok_or_else(|| {
         CliError::Usage(format!(
             "--after {s:?}: use the value the previous page printed"
         ))
-    };
-    let (t, letter) = s.split_once(',').ok_or_else(bad)?;
-    let last_failure = DateTime::parse_from_rfc3339(t)
-        .map_err(|_| bad())?
-        .with_timezone(&Utc);
-    Ok(PageAfter {
-        last_failure,
-        letter_id: letter.to_owned(),
     })
 }
 

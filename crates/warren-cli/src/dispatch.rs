@@ -2,7 +2,6 @@
 //! its module.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use warren::admin::DatabaseUrl;
 use warren::topology::Topology;
@@ -64,7 +63,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             let topology = Topology::for_consumer(&args.config().map_err(CliError::Usage)?);
             let connection = connect().await?;
             let declared = warren::broker::declare_on(&connection, &topology).await;
-            close(&connection).await;
+            warren::broker::close_connection(&connection, "done").await;
             declared.map_err(|e| e.to_string())?;
             print_topology(&topology);
             println!("declared");
@@ -83,13 +82,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             }
             let connection = connect().await?;
             let deleted = delete_topology(&connection, &config, force, with_exchanges).await;
-            close(&connection).await;
+            warren::broker::close_connection(&connection, "done").await;
             deleted?;
         }
         Command::Dlq(cmd) => {
             let connection = connect().await?;
             let done = run_dlq(cmd, &connection).await;
-            close(&connection).await;
+            warren::broker::close_connection(&connection, "done").await;
             done?;
         }
         Command::Outbox {
@@ -166,13 +165,6 @@ fn console_config(
         tls,
     });
     Ok(config)
-}
-
-/// Closes the command's connection. Bounded: a broker that never answers the
-/// close must not keep the command from exiting once its work is done.
-async fn close(connection: &warren::lapin::Connection) {
-    let _ =
-        tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into())).await;
 }
 
 /// Deletes the consumer's queues, the dead-letter store's side queue, and

@@ -3,7 +3,6 @@
 //! as the CLI and audited under the operator's name.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use askama::Template;
 use axum::Form;
@@ -13,16 +12,15 @@ use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use serde::Deserialize;
 use warren::admin::{
-    DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, set_payload_fields,
+    DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, purge_letters, set_payload_fields,
 };
-use warren::store::{Actor, LetterFilter, LetterState};
+use warren::broker::close_connection;
+use warren::store::{Actor, DeadLetterRecord, LetterFilter, LetterState};
 
-use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, check_form, cookie, viewer};
-use crate::pages::{LoginPage, encode};
-use crate::server::{ConsoleStore, Shared, failure, refused, render};
-
-/// Rows deleted per statement when purging.
-const PURGE_BATCH: u32 = 1000;
+use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, cookie, posted};
+use crate::pages::LoginPage;
+use crate::server::{ConsoleStore, Failed, Shared, failure, refused, render};
+use crate::view::encode;
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct LoginForm {
@@ -78,11 +76,7 @@ pub(crate) async fn logout<S: ConsoleStore>(
     headers: HeaderMap,
     Form(form): Form<LogoutForm>,
 ) -> Response {
-    let viewer = match viewer(&app.config, &app.sessions, &headers) {
-        Ok(v) => v,
-        Err(r) => return refused(r, false),
-    };
-    if let Err(r) = check_form(&viewer, &headers, &form.csrf) {
+    if let Err(r) = posted(&app.config, &app.sessions, &headers, &form.csrf) {
         return refused(r, false);
     }
     if let Some(id) = cookie(&headers, SESSION_COOKIE) {
@@ -237,13 +231,10 @@ pub(crate) async fn act<S: ConsoleStore>(
     headers: HeaderMap,
     Form(form): Form<ActForm>,
 ) -> Response {
-    let viewer = match viewer(&app.config, &app.sessions, &headers) {
+    let viewer = match posted(&app.config, &app.sessions, &headers, &form.csrf) {
         Ok(v) => v,
         Err(r) => return refused(r, false),
     };
-    if let Err(r) = check_form(&viewer, &headers, &form.csrf) {
-        return refused(r, false);
-    }
     let Some(operator) = viewer.operator.clone() else {
         return failure(
             StatusCode::FORBIDDEN,
@@ -264,8 +255,17 @@ pub(crate) async fn act<S: ConsoleStore>(
             Redirect::to(&format!("/runs/{}", encode(&run_id))).into_response()
         }
         Ok(Done::Said(text, back)) => render(&DonePage { viewer, text, back }),
-        Err(e) => failure(StatusCode::CONFLICT, &printable(&e)),
+        Err(failed) => failed.into_response(),
     }
+}
+
+/// An action the store or the broker refused, with why.
+fn refusal(why: impl std::fmt::Display) -> Failed {
+    // The text can quote a handler's error, which can quote a payload.
+    Failed::Status(
+        StatusCode::CONFLICT,
+        printable(&why.to_string()).into_owned(),
+    )
 }
 
 enum Done {
@@ -275,72 +275,71 @@ enum Done {
     Said(String, String),
 }
 
-fn group_filter(group: &str) -> LetterFilter {
-    LetterFilter {
-        group: Some(group.to_owned()),
-        ..LetterFilter::default()
-    }
+/// The letter an action names, whole.
+async fn record_of<S: ConsoleStore>(
+    app: &Shared<S>,
+    letter: &str,
+) -> Result<DeadLetterRecord, Failed> {
+    app.store
+        .dead_letter(letter)
+        .await?
+        .ok_or_else(|| Failed::not_found("dead letter"))
 }
 
 async fn perform<S: ConsoleStore>(
     app: &Shared<S>,
     form: &ActForm,
     actor: &Actor,
-) -> Result<Done, String> {
+) -> Result<Done, Failed> {
     let store = &app.store;
-    let db = |e: warren::store::StoreError| format!("the database: {e}");
-    let letter_page = format!("/letters/{}", encode(&form.letter));
+    let group = || LetterFilter::of_group(&form.group);
     match form.action.as_str() {
-        "replay-letter" | "replay-group" => replay(app, form, actor).await.map(Done::Run),
-        "edit-replay" => {
-            let record = store
-                .dead_letter(&form.letter)
+        "replay-letter" => {
+            let record = record_of(app, &form.letter).await?;
+            replay(app, &LetterFilter::of_letter(&record.letter), false, actor)
                 .await
-                .map_err(db)?
-                .ok_or_else(|| format!("no dead letter {:?}", form.letter))?;
+                .map(Done::Run)
+        }
+        "replay-group" => replay(app, &group(), true, actor).await.map(Done::Run),
+        "edit-replay" => {
+            let record = record_of(app, &form.letter).await?;
             let body = set_payload_fields(
                 record.body_to_send(),
                 &[(form.field.trim().to_owned(), form.value.clone())],
-            )?;
+            )
+            .map_err(refusal)?;
             edit_letter(store, &form.letter, &body, form.reason.trim(), actor)
                 .await
-                .map_err(|e| e.to_string())?;
-            let again = ActForm {
-                action: "replay-letter".into(),
-                ..form.clone()
-            };
-            replay(app, &again, actor).await.map(Done::Run)
+                .map_err(refusal)?;
+            replay(app, &LetterFilter::of_letter(&record.letter), false, actor)
+                .await
+                .map(Done::Run)
         }
         "resolve-letter" => {
-            let filter = LetterFilter {
-                state: state_of(app, &form.letter).await?,
-                letter_id: Some(form.letter.clone()),
-                ..LetterFilter::default()
-            };
+            let record = record_of(app, &form.letter).await?;
             let n = store
-                .resolve_dead_letters(&filter, actor)
-                .await
-                .map_err(db)?;
-            Ok(Done::Said(format!("{n} letter(s) resolved."), letter_page))
+                .resolve_dead_letters(&LetterFilter::of_letter(&record.letter), actor)
+                .await?;
+            Ok(Done::Said(
+                format!("{n} letter(s) resolved."),
+                format!("/letters/{}", encode(&form.letter)),
+            ))
         }
         "resolve-group" => {
-            let n = store
-                .resolve_dead_letters(&group_filter(&form.group), actor)
-                .await
-                .map_err(db)?;
+            let n = store.resolve_dead_letters(&group(), actor).await?;
             Ok(Done::Said(format!("{n} letter(s) resolved."), "/".into()))
         }
         "mute" => {
-            let until = hours(form)?.map(|h| Utc::now() + chrono::Duration::hours(i64::from(h)));
+            let until = hours(form)
+                .map_err(refusal)?
+                .map(|h| Utc::now() + chrono::Duration::hours(i64::from(h)));
             store
                 .mute_group(&form.group, until, None, form.reason.trim(), actor)
-                .await
-                .map_err(db)?;
+                .await?;
             Ok(Done::Said("Group muted.".into(), "/".into()))
         }
         "unmute" => {
-            let was = store.unmute_group(&form.group, actor).await.map_err(db)?;
-            let text = if was {
+            let text = if store.unmute_group(&form.group, actor).await? {
                 "Group unmuted."
             } else {
                 "The group was not muted."
@@ -348,29 +347,17 @@ async fn perform<S: ConsoleStore>(
             Ok(Done::Said(text.into(), "/".into()))
         }
         "reclassify" => {
-            let n = store
-                .reclassify_dead_letters(&group_filter(&form.group), form.new_group.trim(), actor)
-                .await
-                .map_err(db)?;
+            let into = form.new_group.trim();
+            let n = store.reclassify_dead_letters(&group(), into, actor).await?;
             Ok(Done::Said(
                 format!("{n} letter(s) moved."),
-                format!("/letters?group={}", encode(form.new_group.trim())),
+                format!("/letters?group={}", encode(into)),
             ))
         }
         "purge-resolved" => {
-            let days = days(form)?;
+            let days = days(form).map_err(refusal)?;
             let before = Utc::now() - chrono::Duration::days(i64::from(days));
-            let mut total = 0;
-            loop {
-                let n = store
-                    .purge_dead_letters(LetterState::Resolved, before, PURGE_BATCH)
-                    .await
-                    .map_err(db)?;
-                total += n;
-                if n < u64::from(PURGE_BATCH) {
-                    break;
-                }
-            }
+            let total = purge_letters(store, LetterState::Resolved, before).await?;
             store
                 .audit(
                     actor,
@@ -379,62 +366,47 @@ async fn perform<S: ConsoleStore>(
                     &format!("older than {days} day(s): {total} deleted"),
                     false,
                 )
-                .await
-                .map_err(db)?;
+                .await?;
             Ok(Done::Said(
                 format!("{total} resolved letter(s) deleted."),
                 "/".into(),
             ))
         }
-        other => Err(format!("{other:?} is not an action")),
+        other => Err(refusal(format!("{other:?} is not an action"))),
     }
 }
 
-async fn state_of<S: ConsoleStore>(app: &Shared<S>, letter: &str) -> Result<LetterState, String> {
-    match app.store.dead_letter(letter).await {
-        Ok(Some(r)) => Ok(r.letter.state),
-        Ok(None) => Err(format!("no dead letter {letter:?}")),
-        Err(e) => Err(format!("the database: {e}")),
-    }
-}
-
-/// Starts a replay run (one letter, or a group carefully) and publishes it in
-/// the background; its page follows the run from the database.
+/// Starts a replay run of what `filter` takes (carefully, for a group) and
+/// publishes it in the background; its page follows the run from the
+/// database.
 async fn replay<S: ConsoleStore>(
     app: &Shared<S>,
-    form: &ActForm,
+    filter: &LetterFilter,
+    careful: bool,
     actor: &Actor,
-) -> Result<String, String> {
+) -> Result<String, Failed> {
     let Some(broker) = &app.config.broker else {
-        return Err("this console has no broker to replay to: start it with --amqp-url".into());
+        return Err(refusal(
+            "this console has no broker to replay to: start it with --amqp-url",
+        ));
     };
     let connection =
         warren::broker::connect_with_tls(&broker.amqp_url, "warren console", &broker.tls)
             .await
             .map(Arc::new)
-            .map_err(|e| format!("cannot connect to the broker: {e}"))?;
-    let (filter, careful) = if form.action == "replay-letter" {
-        let filter = LetterFilter {
-            state: state_of(app, &form.letter).await?,
-            letter_id: Some(form.letter.clone()),
-            ..LetterFilter::default()
-        };
-        (filter, false)
-    } else {
-        (group_filter(&form.group), true)
-    };
+            .map_err(|e| refusal(format!("cannot connect to the broker: {e}")))?;
     let mut replayer = Replayer::new(app.store.clone(), Arc::clone(&connection), actor.clone());
     if careful {
         replayer = replayer.careful(DEFAULT_OUTCOME_TIMEOUT);
     }
     let run = match replayer
-        .start(&filter, Some(app.config.inbox_retention), false)
+        .start(filter, Some(app.config.inbox_retention), false)
         .await
     {
         Ok(run) => run,
         Err(e) => {
-            close(&connection).await;
-            return Err(e.to_string());
+            close_connection(&connection, "done").await;
+            return Err(refusal(e));
         }
     };
     let run_id = run.run_id.clone();
@@ -445,12 +417,7 @@ async fn replay<S: ConsoleStore>(
             }
             Err(e) => tracing::warn!(run = %run.run_id, error = %e, "replay run stopped"),
         }
-        close(&connection).await;
+        close_connection(&connection, "done").await;
     });
     Ok(run_id)
-}
-
-async fn close(connection: &warren::lapin::Connection) {
-    let _ =
-        tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into())).await;
 }

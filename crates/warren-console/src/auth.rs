@@ -285,6 +285,19 @@ pub(crate) fn viewer(
     })
 }
 
+/// Who posted a form, or why it is refused: [`viewer`], then
+/// [`check_form`].
+pub(crate) fn posted(
+    config: &ConsoleConfig,
+    sessions: &Sessions,
+    headers: &HeaderMap,
+    csrf: &str,
+) -> Result<Viewer, Refusal> {
+    let viewer = viewer(config, sessions, headers)?;
+    check_form(&viewer, headers, csrf)?;
+    Ok(viewer)
+}
+
 /// Refuses a state-changing request that another origin's page sent, or
 /// that lacks the CSRF token of the viewer's pages.
 pub(crate) fn check_form(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Result<(), Refusal> {

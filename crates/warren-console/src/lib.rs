@@ -23,6 +23,7 @@
 mod actions;
 mod auth;
 mod pages;
+mod search;
 mod server;
 mod view;
 

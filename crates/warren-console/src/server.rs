@@ -6,14 +6,16 @@ use std::sync::Arc;
 
 use askama::Template;
 use axum::Router;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use warren::store::{DeadLetterStore, Journal, SigningKey};
+use warren::store::{DeadLetterStore, Journal, SigningKey, StoreError};
 
 use crate::ConsoleConfig;
-use crate::auth::{Refusal, Sessions};
-use crate::{actions, pages};
+use crate::auth::{Refusal, Sessions, Viewer, viewer};
+use crate::{actions, pages, search};
 
 /// What the console needs of a store: the dead letters, the journal of
 /// replayed copies, and the signing key replays sign with.
@@ -90,7 +92,7 @@ impl Console {
 fn router<S: ConsoleStore>(app: Shared<S>) -> Router {
     Router::new()
         .route("/", get(pages::groups::<S>))
-        .route("/letters", get(pages::letters::<S>))
+        .route("/letters", get(search::letters::<S>))
         .route("/letters/{id}", get(pages::letter::<S>))
         .route("/runs/{id}", get(pages::run::<S>))
         .route("/runs/{id}/progress", get(pages::run_progress::<S>))
@@ -145,6 +147,54 @@ pub(crate) fn render(page: &impl Template) -> Response {
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("cannot render: {e}"),
         ),
+    }
+}
+
+/// The viewer of a page, or, for nobody yet, the answer that sends them to
+/// the login form.
+pub(crate) struct Page(pub(crate) Viewer);
+
+impl<S: ConsoleStore> FromRequestParts<Shared<S>> for Page {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Shared<S>) -> Result<Self, Response> {
+        viewer(&app.config, &app.sessions, &parts.headers)
+            .map(Page)
+            .map_err(|r| refused(r, true))
+    }
+}
+
+/// Why a page or an action could not be answered: the database failed, or
+/// the request named something that is not there.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// The store returned an error.
+    Store(String),
+    /// An answer other than success, with what to tell the operator.
+    Status(StatusCode, String),
+}
+
+impl Failed {
+    pub(crate) fn not_found(what: &str) -> Self {
+        Self::Status(StatusCode::NOT_FOUND, format!("no {what} with this id"))
+    }
+}
+
+impl From<StoreError> for Failed {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e.to_string())
+    }
+}
+
+impl IntoResponse for Failed {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Store(e) => failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the database: {e}"),
+            ),
+            Self::Status(status, text) => failure(status, &text),
+        }
     }
 }
 

@@ -61,21 +61,9 @@ fn mask(v: &mut Value, fields: &[String]) -> bool {
     any
 }
 
-/// The stored headers (a JSON object) as name and text pairs.
-pub(crate) fn headers(json: &str) -> Vec<(String, String)> {
-    match serde_json::from_str::<Value>(json) {
-        Ok(Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| {
-                let text = match v {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                (k, text)
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
+/// Percent-encodes `s` for a URL's path segment or query value.
+pub(crate) fn encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[cfg(test)]
