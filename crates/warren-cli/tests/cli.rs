@@ -84,6 +84,38 @@ pub(crate) async fn dead_letter_some<B: Backend>(
     ids
 }
 
+/// Runs the dead-letter store's ingester until `n` letters are stored.
+pub(crate) async fn ingest<B: Backend>(db: &crate::util::TestDb<B>, broker: &TestBroker, n: usize) {
+    use warren::store::{DeadLetterStore, LetterFilter};
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
+    let task = tokio::spawn(async move {
+        ingester
+            .run(&amqp_url(), async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let store = db.store.clone();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let store = store.clone();
+            async move {
+                store
+                    .dead_letters(&LetterFilter::default(), None, 100)
+                    .await
+                    .unwrap()
+                    .len()
+                    == n
+            }
+        })
+        .await,
+        "{n} letters stored"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
 on_all_backends!(
     inbox_purge_refuses_a_short_window_and_deletes_old_rows,
     replay_killed_halfway_loses_nothing_and_applies_once,

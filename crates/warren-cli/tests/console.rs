@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use warren::Consumer;
 use warren::lapin::BasicProperties;
-use warren::store::{DeadLetterStore, LetterFilter, LetterState};
+use warren::store::{DeadLetterStore, LetterFilter, LetterState, StoredDeadLetter};
 
-use crate::cli::{dead_letter_some, warren_cmd};
-use crate::util::{Backend, Running, TestBroker, TestDb, amqp_url, routes, wait_for};
+use crate::cli::{dead_letter_some, ingest, warren_cmd};
+use crate::util::{Backend, Running, TestBroker, TestDb, routes, wait_for};
 
 on_all_backends!(the_console_from_login_to_a_careful_replay);
 
@@ -36,7 +36,10 @@ pub(crate) async fn http(
     body: &str,
 ) -> Answer {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         request.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -99,22 +102,14 @@ fn dechunk(mut s: &str) -> String {
 
 /// Form-encodes pairs.
 pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={}", encode(v)))
-        .collect::<Vec<_>>()
-        .join("&")
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
 }
 
+/// Encodes a value for a URL.
 pub(crate) fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 /// The CSRF token a page's forms carry.
@@ -132,19 +127,27 @@ pub(crate) struct ConsoleProcess {
     pub(crate) addr: String,
 }
 
+/// `warren console` on a free loopback port with `tokens`, masking `card`.
 pub(crate) async fn start_console(db_url: &str, tokens: &std::path::Path) -> ConsoleProcess {
+    start_console_with(
+        db_url,
+        &["--tokens", tokens.to_str().unwrap(), "--mask", "card"],
+        &[],
+    )
+    .await
+}
+
+/// `warren console` on a free loopback port with `args`, its environment
+/// `env` added.
+pub(crate) async fn start_console_with(
+    db_url: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> ConsoleProcess {
     let mut child = warren_cmd()
-        .args([
-            "console",
-            "--database-url",
-            db_url,
-            "--bind",
-            "127.0.0.1:0",
-            "--tokens",
-            tokens.to_str().unwrap(),
-            "--mask",
-            "card",
-        ])
+        .args(["console", "--database-url", db_url, "--bind", "127.0.0.1:0"])
+        .args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn,warren_console=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -211,49 +214,71 @@ pub(crate) async fn dead_letter_hostile(broker: &TestBroker) {
         .unwrap();
 }
 
-/// Runs the ingester until `n` letters are stored.
-pub(crate) async fn ingest<B: Backend>(db: &TestDb<B>, broker: &TestBroker, n: usize) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
-    let task = tokio::spawn(async move {
-        ingester
-            .run(&amqp_url(), async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    let store = db.store.clone();
-    assert!(
-        wait_for(Duration::from_secs(30), || {
-            let store = store.clone();
-            async move {
-                store
-                    .dead_letters(&LetterFilter::default(), None, 100)
-                    .await
-                    .unwrap()
-                    .len()
-                    == n
-            }
-        })
-        .await,
-        "{n} letters stored"
-    );
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+/// What the console tests start from: three letters of one group (a
+/// handler broken until mended, which `dead_letter_some` mends once they are
+/// dead-lettered) and one hostile letter, all stored; and a tokens file.
+pub(crate) struct Staged {
+    /// The message ids of the group's letters.
+    pub(crate) failed: Vec<String>,
+    /// Every stored letter.
+    pub(crate) letters: Vec<StoredDeadLetter>,
+    /// The group's key.
+    pub(crate) group: String,
+    /// The hostile letter.
+    pub(crate) hostile: StoredDeadLetter,
+    /// `alice` and `bob`, with their tokens.
+    pub(crate) tokens: std::path::PathBuf,
+    /// Holds the tokens file: gone when dropped.
+    pub(crate) dir: tempfile::TempDir,
+}
+
+pub(crate) async fn staged<B: Backend>(db: &TestDb<B>, broker: &TestBroker) -> Staged {
+    broker.declare().await;
+    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
+    let failed = dead_letter_some(db, broker, 3).await;
+    dead_letter_hostile(broker).await;
+    ingest(db, broker, 4).await;
+    let letters = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 100)
+        .await
+        .unwrap();
+    let group = letters
+        .iter()
+        .find(|l| failed.contains(&l.message_id))
+        .expect("the group's letters stored")
+        .group_key
+        .clone();
+    let hostile = letters
+        .iter()
+        .find(|l| l.message_id.contains("<script>"))
+        .expect("the hostile letter stored")
+        .clone();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("# on call\nalice {ALICE}\nbob {BOB}\n")).unwrap();
+    Staged {
+        failed,
+        letters,
+        group,
+        hostile,
+        tokens,
+        dir,
+    }
 }
 
 async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    broker.declare().await;
-    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
-    let failed = dead_letter_some(&db, &broker, 3).await;
-    dead_letter_hostile(&broker).await;
-    ingest(&db, &broker, 4).await;
-
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("# on call\nalice {ALICE}\nbob {BOB}\n")).unwrap();
+    let Staged {
+        failed,
+        letters,
+        group,
+        hostile,
+        tokens,
+        dir: _dir,
+        ..
+    } = staged(&db, &broker).await;
     let console = start_console(&db.url, &tokens).await;
     let addr = console.addr.as_str();
 
@@ -305,14 +330,6 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
 
     // The hostile letter renders as text, everywhere it shows.
     let store = db.store.clone();
-    let letters = store
-        .dead_letters(&LetterFilter::default(), None, 100)
-        .await
-        .unwrap();
-    let hostile = letters
-        .iter()
-        .find(|l| l.message_id.contains("<script>"))
-        .expect("the hostile letter stored");
     let list = http(addr, "GET", "/letters", &auth, "").await;
     let page = http(
         addr,
@@ -414,12 +431,6 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
 
     // The handler is mended: a careful replay of the failed group from the
     // console applies each message once, and the run page follows it.
-    let group = letters
-        .iter()
-        .find(|l| failed.contains(&l.message_id))
-        .unwrap()
-        .group_key
-        .clone();
     let running = Running::start(Consumer::new(
         broker.config(),
         db.store.clone(),
@@ -529,6 +540,153 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
         "{}",
         after.body
     );
+
+    drop(console);
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The ways in besides a login, and the refusals a user meets: a proxy's
+/// identity header, a bearer token, a request for another host name (DNS
+/// rebinding), an edit where edits are switched off, and a replay while the
+/// broker cannot be reached. What is refused changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_ways_in_and_refusals_change_only_what_they_may() {
+    let db = <sqlx::Sqlite as Backend>::create().await;
+    let broker = TestBroker::new().await;
+    let Staged {
+        failed,
+        letters,
+        tokens,
+        dir: _dir,
+        ..
+    } = staged(&db, &broker).await;
+    let letter = letters
+        .iter()
+        .find(|l| failed.contains(&l.message_id))
+        .unwrap()
+        .clone();
+    let store = db.store.clone();
+    let state = || async { store.dead_letter(&letter.letter_id).await.unwrap().unwrap() };
+
+    // Behind a proxy that names the operator.
+    let proxied = start_console_with(
+        &db.url,
+        &[
+            "--behind-proxy",
+            "test-proxy",
+            "--identity-header",
+            "X-Forwarded-User",
+        ],
+        &[],
+    )
+    .await;
+    let addr = proxied.addr.as_str();
+    assert_eq!(
+        http(addr, "GET", "/", &[], "").await.status,
+        303,
+        "no header, no page"
+    );
+    let as_carol = [("X-Forwarded-User", "carol")];
+    let page = http(addr, "GET", "/", &as_carol, "").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("carol"), "{}", page.body);
+    let mute = form(&[
+        ("csrf", csrf_of(&page.body).as_str()),
+        ("action", "mute"),
+        ("group", letter.group_key.as_str()),
+        ("reason", "known, fix on the way"),
+        ("confirmed", "yes"),
+    ]);
+    assert_eq!(
+        http(addr, "POST", "/act", &as_carol, &mute).await.status,
+        200
+    );
+    let audit = store.audit_log(20).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.operator == "carol" && e.action == "mute"),
+        "{audit:?}"
+    );
+    drop(proxied);
+
+    // Tokens, with a bearer token from a script, and replays to a broker that
+    // is not there.
+    let console = start_console_with(
+        &db.url,
+        &["--tokens", tokens.to_str().unwrap()],
+        &[("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f")],
+    )
+    .await;
+    let addr = console.addr.as_str();
+    let bearer = format!("Bearer {ALICE}");
+    let as_alice = [("Authorization", bearer.as_str())];
+    assert_eq!(http(addr, "GET", "/", &as_alice, "").await.status, 200);
+    let wrong = [("Authorization", "Bearer not-a-token-of-anyone")];
+    assert_eq!(http(addr, "POST", "/act", &wrong, "").await.status, 401);
+    let rebound = [
+        ("Authorization", bearer.as_str()),
+        ("Host", "evil.example:8088"),
+    ];
+    let a = http(addr, "GET", "/", &rebound, "").await;
+    assert_eq!(a.status, 403, "another host name is refused: {}", a.body);
+
+    let replay = form(&[
+        ("action", "replay-letter"),
+        ("letter", letter.letter_id.as_str()),
+        ("confirmed", "yes"),
+    ]);
+    let a = http(addr, "POST", "/act", &as_alice, &replay).await;
+    assert_eq!(a.status, 409, "{}", a.body);
+    assert!(
+        a.body.contains("cannot connect to the broker"),
+        "{}",
+        a.body
+    );
+    let after = state().await;
+    assert_eq!(
+        after.letter.state,
+        LetterState::Unresolved,
+        "nothing replayed"
+    );
+    assert!(
+        store
+            .letter_replays(&letter.letter_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Edits switched off for this database: the edit is refused, the body
+    // stays as it was.
+    let off = crate::cli::warren(&[
+        "dead-letters",
+        "--database-url",
+        &db.url,
+        "--operator",
+        "alice",
+        "policy",
+        "--edit",
+        "off",
+    ])
+    .await;
+    assert!(
+        off.status.success(),
+        "{}",
+        String::from_utf8_lossy(&off.stderr)
+    );
+    let edit = form(&[
+        ("action", "edit-replay"),
+        ("letter", letter.letter_id.as_str()),
+        ("field", "operatorNote"),
+        ("value", "x"),
+        ("reason", "try"),
+        ("confirmed", "yes"),
+    ]);
+    let a = http(addr, "POST", "/act", &as_alice, &edit).await;
+    assert_eq!(a.status, 409, "{}", a.body);
+    assert!(state().await.edit.is_none(), "no edit kept");
 
     drop(console);
     broker.cleanup().await;

@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use warren::Consumer;
-use warren::store::{DeadLetterStore, LetterFilter};
+use warren::store::DeadLetterStore;
 
-use crate::cli::dead_letter_some;
-use crate::console::{ALICE, dead_letter_hostile, encode, ingest, start_console};
+use crate::console::{ALICE, Staged, encode, staged, start_console};
 use crate::util::{Backend, Running, TestBroker, routes, wait_for};
 
 /// Where the screenshots go: a known path under the workspace's target.
@@ -91,34 +90,18 @@ async fn text_of(client: &Client, css: &str) -> String {
 async fn an_operator_fixes_a_failed_group_in_the_browser() {
     let db = <sqlx::Postgres as Backend>::create().await;
     let broker = TestBroker::new().await;
-    broker.declare().await;
-    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
     // A group that shares one cause: the handler is broken until mended,
     // as a missing configuration row would break it.
-    let failed = dead_letter_some(&db, &broker, 3).await;
-    dead_letter_hostile(&broker).await;
-    ingest(&db, &broker, 4).await;
+    let Staged {
+        failed,
+        group,
+        hostile,
+        tokens,
+        dir: _dir,
+        ..
+    } = staged(&db, &broker).await;
+    let hostile = hostile.letter_id;
     let store = db.store.clone();
-    let letters = store
-        .dead_letters(&LetterFilter::default(), None, 100)
-        .await
-        .unwrap();
-    let group = letters
-        .iter()
-        .find(|l| failed.contains(&l.message_id))
-        .unwrap()
-        .group_key
-        .clone();
-    let hostile = letters
-        .iter()
-        .find(|l| l.message_id.contains("<script>"))
-        .unwrap()
-        .letter_id
-        .clone();
-
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("alice {ALICE}\n")).unwrap();
     let console = start_console(&db.url, &tokens).await;
     let base = format!("http://{}", console.addr);
     let (_driver, client) = browser().await;

@@ -35,26 +35,10 @@ async fn control_characters_from_letters_are_escaped() {
         )
         .await
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
-    let task = tokio::spawn(async move {
-        ingester
-            .run(&crate::util::amqp_url(), async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    crate::cli::ingest(&db, &broker, 1).await;
     let url = db.url.clone();
     let list =
         || async { warren(&["dead-letters", "--database-url", &url, "list", "--json"]).await };
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            text(&list().await).0.lines().count() == 1
-        })
-        .await
-    );
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
     let letter: serde_json::Value = serde_json::from_str(text(&list().await).0.trim()).unwrap();
     let id = letter["letterId"].as_str().unwrap().to_owned();
     for args in [
