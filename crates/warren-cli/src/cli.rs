@@ -655,7 +655,8 @@ pub(crate) struct ConsoleArgs {
     /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
     pub(crate) database_url: DatabaseUrl,
-    /// Address to listen on. Anything but loopback needs --behind-proxy.
+    /// Address to listen on. Anything but loopback needs TLS: --tls-cert and
+    /// --tls-key, or --behind-proxy.
     #[arg(long, env = "WARREN_CONSOLE_BIND", default_value = warren_console::DEFAULT_BIND)]
     pub(crate) bind: std::net::SocketAddr,
     /// A file of operators' tokens, one `NAME TOKEN` per line: each operator
@@ -667,9 +668,16 @@ pub(crate) struct ConsoleArgs {
     #[arg(long)]
     pub(crate) identity_header: Option<String>,
     /// Names the reverse proxy that terminates TLS in front of the console;
-    /// required to listen on anything but loopback.
+    /// one way to listen on anything but loopback.
     #[arg(long)]
     pub(crate) behind_proxy: Option<String>,
+    /// A PEM certificate chain (leaf first) to serve HTTPS with, the console
+    /// itself; needs --tls-key.
+    #[arg(long, env = "WARREN_CONSOLE_TLS_CERT", requires = "tls_key")]
+    pub(crate) tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "WARREN_CONSOLE_TLS_KEY", requires = "tls_cert")]
+    pub(crate) tls_key: Option<std::path::PathBuf>,
     /// On loopback without tokens: the operator actions are audited under.
     #[arg(long, env = "WARREN_OPERATOR")]
     pub(crate) operator: Option<String>,

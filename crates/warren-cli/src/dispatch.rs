@@ -101,11 +101,14 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
         } => with_store!(&database_url, |store| run_inbox(&store, command))?,
         Command::Console(args) => {
             let config = console_config(&args, &cli.amqp_url, tls)?;
+            config
+                .check_named(&warren_console::SettingNames::WARREN_CONSOLE)
+                .map_err(CliError::Usage)?;
             let console = warren_console::Console::bind(config)
                 .await
                 .map_err(CliError::Usage)?;
-            let address = console.local_addr().map_err(CliError::Failed)?;
-            eprintln!("warren: console on http://{address}/");
+            let url = console.url().map_err(CliError::Failed)?;
+            eprintln!("warren: console on {url}");
             with_store!(&args.database_url, |store| async {
                 console
                     .serve(store, async {
@@ -147,6 +150,12 @@ fn console_config(
         .map_err(|e| CliError::Usage(format!("--tokens: {e}")))?;
     config.identity_header = args.identity_header.clone();
     config.behind_proxy = args.behind_proxy.clone();
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(warren_console::ServerTls {
+            cert: cert.clone(),
+            key: key.clone(),
+        });
+    }
     config.local_operator = args
         .operator
         .as_deref()

@@ -35,7 +35,20 @@ pub(crate) async fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Answer {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    http_on(stream, addr, method, path, headers, body).await
+}
+
+/// One HTTP/1.1 request on `stream` (plain or TLS) for host `addr`, read to
+/// the end.
+pub(crate) async fn http_on<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
     let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         request.push_str(&format!("Host: {addr}\r\n"));
@@ -144,8 +157,12 @@ pub(crate) async fn start_console_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> ConsoleProcess {
-    let mut child = warren_cmd()
-        .args(["console", "--database-url", db_url, "--bind", "127.0.0.1:0"])
+    let mut command = warren_cmd();
+    command.args(["console", "--database-url", db_url]);
+    if !args.contains(&"--bind") {
+        command.args(["--bind", "127.0.0.1:0"]);
+    }
+    let mut child = command
         .args(args)
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn,warren_console=info")
@@ -156,7 +173,11 @@ pub(crate) async fn start_console_with(
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let addr = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.strip_prefix("warren: console on http://") {
+            if let Some(url) = line.strip_prefix("warren: console on ") {
+                let rest = url
+                    .strip_prefix("http://")
+                    .or_else(|| url.strip_prefix("https://"))
+                    .expect("an http or https URL");
                 return rest.trim_end_matches('/').to_owned();
             }
         }

@@ -49,7 +49,7 @@ pub(crate) async fn login<S: ConsoleStore>(
     };
     tracing::info!(operator = %operator, "operator logged in to the console");
     let id = app.sessions.start(operator);
-    let secure = if app.config.behind_proxy.is_some() {
+    let secure = if app.config.over_tls() {
         "; Secure"
     } else {
         ""

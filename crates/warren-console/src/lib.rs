@@ -8,8 +8,9 @@
 //!
 //! Who may see it:
 //! - Bound to loopback by default. On any other address [`ConsoleConfig::check`]
-//!   refuses to start unless a reverse proxy that terminates TLS is named
-//!   ([`ConsoleConfig::behind_proxy`]) and operators authenticate.
+//!   refuses to start unless it serves TLS itself ([`ConsoleConfig::tls`]) or
+//!   a reverse proxy that terminates TLS is named
+//!   ([`ConsoleConfig::behind_proxy`]), and operators authenticate.
 //! - Operators authenticate with their own token (a file of named tokens,
 //!   [`Tokens`]) or, behind a proxy, with an identity header the proxy sets.
 //!   On loopback without either, pages are open and actions run under the
@@ -25,6 +26,7 @@ mod auth;
 mod pages;
 mod search;
 mod server;
+mod tls;
 mod view;
 
 use std::net::SocketAddr;
@@ -32,6 +34,7 @@ use std::time::Duration;
 
 pub use auth::{MIN_TOKEN_LEN, Tokens, TokensError};
 pub use server::{Console, ConsoleStore};
+pub use tls::ServerTls;
 
 /// The address the console binds when none is given.
 pub const DEFAULT_BIND: &str = "127.0.0.1:8088";
@@ -51,6 +54,8 @@ pub struct ConsoleConfig {
     /// so that serving on a non-loopback address is a decision someone wrote
     /// down, not an accident.
     pub behind_proxy: Option<String>,
+    /// The certificate and key the console serves HTTPS with, itself.
+    pub tls: Option<ServerTls>,
     /// The operator that actions run as on loopback when no token or identity
     /// header names one.
     pub local_operator: Option<String>,
@@ -81,6 +86,7 @@ impl ConsoleConfig {
             tokens: None,
             identity_header: None,
             behind_proxy: None,
+            tls: None,
             local_operator: None,
             masked_fields: Vec::new(),
             broker: None,
@@ -88,39 +94,65 @@ impl ConsoleConfig {
         }
     }
 
-    /// Whether the console may start as configured, and if not, what to fix.
+    /// Whether the console may start as configured, and if not, what to fix
+    /// (naming the fields of this struct).
     pub fn check(&self) -> Result<(), String> {
+        self.check_named(&SettingNames::FIELDS)
+    }
+
+    /// [`check`](Self::check), naming the settings as a program's flags or
+    /// configuration keys spell them.
+    pub fn check_named(&self, names: &SettingNames) -> Result<(), String> {
+        let SettingNames {
+            tls_cert,
+            tls_key,
+            behind_proxy,
+            tokens,
+            identity_header,
+        } = names;
         if self.identity_header.is_some() && self.behind_proxy.is_none() {
-            return Err(
-                "an identity header is trusted only from a reverse proxy: name it with --behind-proxy, \
-                 or use --tokens"
-                    .into(),
-            );
+            return Err(format!(
+                "an identity header is trusted only from a reverse proxy: name it with {behind_proxy}, \
+                 or use {tokens}"
+            ));
         }
         if let Some(header) = &self.identity_header
             && axum::http::HeaderName::try_from(header.as_str()).is_err()
         {
-            return Err(format!("{header:?} is not a valid HTTP header name"));
+            return Err(format!(
+                "{identity_header}: {header:?} is not a valid HTTP header name"
+            ));
+        }
+        if let Some(tls) = &self.tls {
+            tls.load()
+                .map_err(|e| format!("{tls_cert}/{tls_key}: {e}"))?;
         }
         if self.bind.ip().is_loopback() {
             return Ok(());
         }
-        if self.behind_proxy.is_none() {
+        if self.behind_proxy.is_none() && self.tls.is_none() {
             return Err(format!(
                 "refusing to serve the console on {} without TLS: payloads are payment data. \
-                 Bind it to 127.0.0.1, or put it behind a reverse proxy that terminates TLS and \
-                 name it with --behind-proxy (see docs/console.md)",
+                 Bind it to 127.0.0.1, give it a certificate and key ({tls_cert} and {tls_key}), \
+                 or put it behind a reverse proxy that terminates TLS and name it with \
+                 {behind_proxy} (see docs/console.md)",
                 self.bind
             ));
         }
         if self.tokens.is_none() && self.identity_header.is_none() {
             return Err(format!(
-                "off loopback ({}) every page needs authentication: give --tokens FILE or \
-                 --identity-header NAME",
+                "off loopback ({}) every page needs authentication: give {tokens} FILE or \
+                 {identity_header} NAME",
                 self.bind
             ));
         }
         Ok(())
+    }
+
+    /// Whether the browser reaches the console over TLS: its own, or the
+    /// proxy's. Session cookies are then `Secure`.
+    pub(crate) fn over_tls(&self) -> bool {
+        self.tls.is_some() || self.behind_proxy.is_some()
     }
 
     /// Whether a request must be authenticated: always off loopback, and
@@ -128,6 +160,42 @@ impl ConsoleConfig {
     pub(crate) fn requires_login(&self) -> bool {
         !self.bind.ip().is_loopback() || self.tokens.is_some() || self.identity_header.is_some()
     }
+}
+
+/// How a program spells the console's settings, for [`ConsoleConfig::check_named`]'s
+/// messages.
+#[derive(Debug, Clone, Copy)]
+pub struct SettingNames {
+    /// The TLS certificate's setting.
+    pub tls_cert: &'static str,
+    /// The TLS key's setting.
+    pub tls_key: &'static str,
+    /// The reverse proxy's setting.
+    pub behind_proxy: &'static str,
+    /// The tokens file's setting.
+    pub tokens: &'static str,
+    /// The identity header's setting.
+    pub identity_header: &'static str,
+}
+
+impl SettingNames {
+    /// The fields of [`ConsoleConfig`].
+    pub const FIELDS: Self = Self {
+        tls_cert: "tls.cert",
+        tls_key: "tls.key",
+        behind_proxy: "behind_proxy",
+        tokens: "tokens",
+        identity_header: "identity_header",
+    };
+
+    /// `warren console`'s flags.
+    pub const WARREN_CONSOLE: Self = Self {
+        tls_cert: "--tls-cert",
+        tls_key: "--tls-key",
+        behind_proxy: "--behind-proxy",
+        tokens: "--tokens",
+        identity_header: "--identity-header",
+    };
 }
 
 /// Reads a tokens file: one operator per line, `NAME TOKEN`; `#` starts a

@@ -15,6 +15,7 @@ use warren::store::{DeadLetterStore, Journal, SigningKey, StoreError};
 
 use crate::ConsoleConfig;
 use crate::auth::{Refusal, Sessions, Viewer, viewer};
+use crate::tls::{ServerTls, TlsListener};
 use crate::{actions, pages, search};
 
 /// What the console needs of a store: the dead letters, the journal of
@@ -50,6 +51,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 /// A console bound to its address, not yet serving.
 pub struct Console {
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     config: ConsoleConfig,
 }
 
@@ -58,10 +60,15 @@ impl Console {
     /// is not safe to serve) and binds its address.
     pub async fn bind(config: ConsoleConfig) -> Result<Self, String> {
         config.check()?;
+        let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
         let listener = tokio::net::TcpListener::bind(config.bind)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", config.bind))?;
-        Ok(Self { listener, config })
+        Ok(Self {
+            listener,
+            tls,
+            config,
+        })
     }
 
     /// The address it listens on (the port chosen, if it was 0).
@@ -69,6 +76,13 @@ impl Console {
         self.listener
             .local_addr()
             .map_err(|e| format!("cannot read the console's address: {e}"))
+    }
+
+    /// The console's address as a browser takes it: `https://` when it
+    /// serves TLS itself.
+    pub fn url(&self) -> Result<String, String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        Ok(format!("{scheme}://{}/", self.local_addr()?))
     }
 
     /// Serves `store` until `shutdown` completes.
@@ -82,10 +96,21 @@ impl Console {
             config: self.config,
             sessions: Sessions::new(),
         }));
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| format!("the console stopped: {e}"))
+        let served = match self.tls {
+            Some(tls) => {
+                let listener = TlsListener::new(self.listener, tls)
+                    .map_err(|e| format!("cannot read the console's address: {e}"))?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            None => {
+                axum::serve(self.listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        };
+        served.map_err(|e| format!("the console stopped: {e}"))
     }
 }
 

@@ -42,6 +42,10 @@ pub struct Raw {
     pub console_tokens: Option<String>,
     pub console_operator: Option<String>,
     pub console_mask: Option<Vec<String>>,
+    pub console_tls_cert: Option<String>,
+    pub console_tls_key: Option<String>,
+    pub console_behind_proxy: Option<String>,
+    pub console_identity_header: Option<String>,
 }
 
 impl Raw {
@@ -77,6 +81,12 @@ impl Raw {
             console_tokens: self.console_tokens.or(other.console_tokens),
             console_operator: self.console_operator.or(other.console_operator),
             console_mask: self.console_mask.or(other.console_mask),
+            console_tls_cert: self.console_tls_cert.or(other.console_tls_cert),
+            console_tls_key: self.console_tls_key.or(other.console_tls_key),
+            console_behind_proxy: self.console_behind_proxy.or(other.console_behind_proxy),
+            console_identity_header: self
+                .console_identity_header
+                .or(other.console_identity_header),
         }
     }
 }
@@ -143,6 +153,18 @@ impl Reason for warren::config::ConfigError {
 impl Config {
     /// Checks every value; the error names the key and what is allowed.
     pub fn resolve(raw: Raw) -> Result<Config, String> {
+        // The console's keys, checked together once the broker's are known.
+        let console_keys = Raw {
+            console: raw.console.clone(),
+            console_tokens: raw.console_tokens.clone(),
+            console_operator: raw.console_operator.clone(),
+            console_mask: raw.console_mask.clone(),
+            console_tls_cert: raw.console_tls_cert.clone(),
+            console_tls_key: raw.console_tls_key.clone(),
+            console_behind_proxy: raw.console_behind_proxy.clone(),
+            console_identity_header: raw.console_identity_header.clone(),
+            ..Raw::default()
+        };
         let amqp_url = raw.amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.into());
         for u in warren::admin::split_url_list(&amqp_url) {
             if !(u.starts_with("amqp://") || u.starts_with("amqps://")) {
@@ -264,13 +286,7 @@ impl Config {
                 return Err(format!("dead_letter_store: {other:?} is not on or off"));
             }
         };
-        let console = resolve_console(
-            [&raw.console, &raw.console_tokens, &raw.console_operator],
-            &raw.console_mask,
-            &amqp_url,
-            &tls,
-            dead_letter_store,
-        )?;
+        let console = resolve_console(&console_keys, &amqp_url, &tls, dead_letter_store)?;
         let dead_letter_redact: Vec<String> = raw
             .dead_letter_redact
             .unwrap_or_default()
@@ -309,19 +325,42 @@ impl Config {
     }
 }
 
+/// The console's settings as billing's configuration keys name them.
+const CONSOLE_SETTINGS: warren_console::SettingNames = warren_console::SettingNames {
+    tls_cert: "console_tls_cert",
+    tls_key: "console_tls_key",
+    behind_proxy: "console_behind_proxy",
+    tokens: "console_tokens",
+    identity_header: "console_identity_header",
+};
+
 /// The console's settings, if `console` names an address to serve it on.
 fn resolve_console(
-    [bind, tokens, operator]: [&Option<String>; 3],
-    mask: &Option<Vec<String>>,
+    raw: &Raw,
     amqp_url: &str,
     tls: &TlsOptions,
     dead_letter_store: bool,
 ) -> Result<Option<warren_console::ConsoleConfig>, String> {
+    let Raw {
+        console: bind,
+        console_tokens: tokens,
+        console_operator: operator,
+        console_mask: mask,
+        console_tls_cert: tls_cert,
+        console_tls_key: tls_key,
+        console_behind_proxy: behind_proxy,
+        console_identity_header: identity_header,
+        ..
+    } = raw;
     let Some(bind) = bind.as_deref() else {
         for (name, set) in [
             ("console_tokens", tokens.is_some()),
             ("console_operator", operator.is_some()),
             ("console_mask", mask.is_some()),
+            ("console_tls_cert", tls_cert.is_some()),
+            ("console_tls_key", tls_key.is_some()),
+            ("console_behind_proxy", behind_proxy.is_some()),
+            ("console_identity_header", identity_header.is_some()),
         ] {
             if set {
                 return Err(format!(
@@ -341,6 +380,17 @@ fn resolve_console(
         format!("console: {bind:?} is not an address; use host:port, e.g. 127.0.0.1:8088")
     })?;
     let mut console = warren_console::ConsoleConfig::new(bind);
+    console.tls = match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => Some(warren_console::ServerTls {
+            cert: cert.into(),
+            key: key.into(),
+        }),
+        (None, None) => None,
+        (Some(_), None) => return Err("console_tls_cert: set without console_tls_key".into()),
+        (None, Some(_)) => return Err("console_tls_key: set without console_tls_cert".into()),
+    };
+    console.behind_proxy = behind_proxy.clone();
+    console.identity_header = identity_header.clone();
     console.tokens = tokens
         .as_deref()
         .map(|p| warren_console::read_tokens(Path::new(p)))
@@ -365,7 +415,9 @@ fn resolve_console(
             amqp_url: u.to_owned(),
             tls: tls.clone(),
         });
-    console.check().map_err(|e| format!("console: {e}"))?;
+    console
+        .check_named(&CONSOLE_SETTINGS)
+        .map_err(|e| format!("console: {e}"))?;
     Ok(Some(console))
 }
 

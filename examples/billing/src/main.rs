@@ -121,6 +121,21 @@ struct Cli {
     /// separated.
     #[arg(long, env = "BILLING_CONSOLE_MASK", global = true)]
     console_mask: Option<String>,
+    /// A PEM certificate chain the console serves HTTPS with itself; needs
+    /// --console-tls-key. Off loopback the console needs TLS: this, or
+    /// --console-behind-proxy.
+    #[arg(long, env = "BILLING_CONSOLE_TLS_CERT", global = true)]
+    console_tls_cert: Option<String>,
+    /// The PEM private key of --console-tls-cert.
+    #[arg(long, env = "BILLING_CONSOLE_TLS_KEY", global = true)]
+    console_tls_key: Option<String>,
+    /// Names the reverse proxy that terminates TLS in front of the console.
+    #[arg(long, env = "BILLING_CONSOLE_BEHIND_PROXY", global = true)]
+    console_behind_proxy: Option<String>,
+    /// The header that proxy sets to the operator's name (needs
+    /// --console-behind-proxy).
+    #[arg(long, env = "BILLING_CONSOLE_IDENTITY_HEADER", global = true)]
+    console_identity_header: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -274,6 +289,10 @@ impl Cli {
             console_tokens: self.console_tokens.clone(),
             console_operator: self.console_operator.clone(),
             console_mask: self.console_mask.clone().map(|m| vec![m]),
+            console_tls_cert: self.console_tls_cert.clone(),
+            console_tls_key: self.console_tls_key.clone(),
+            console_behind_proxy: self.console_behind_proxy.clone(),
+            console_identity_header: self.console_identity_header.clone(),
         };
         let file = match &self.config {
             Some(path) => config::Raw::from_file(path)?,
@@ -347,8 +366,8 @@ async fn start_console<S: warren_console::ConsoleStore>(
     let console = warren_console::Console::bind(config)
         .await
         .map_err(|e| format!("console: {e}"))?;
-    let address = console.local_addr()?;
-    tracing::info!(address = %address, "console listening");
+    let url = console.url()?;
+    tracing::info!(url = %url, "console listening");
     Ok(tokio::spawn(async move {
         if let Err(e) = console.serve(store, std::future::pending()).await {
             tracing::error!(error = %e, "the console stopped");

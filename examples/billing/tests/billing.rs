@@ -161,14 +161,40 @@ async fn bad_flag_values_stop_with_a_message() {
     let (ok, _, err) = output(billing().args(["publish", "--duplicates", "2"])).await;
     assert!(!ok);
     assert!(err.contains("--duplicates"), "{err}");
-    // The console: off loopback only behind a named proxy; its options only
-    // with it; never without the store it shows.
+    // The console: off loopback only with TLS of its own or behind a named
+    // proxy, and with logins; its options only with it; never without the
+    // store it shows.
     let (ok, _, err) = output(billing().args(["--console", "0.0.0.0:8088", "status"])).await;
     assert!(!ok);
     assert!(
-        err.contains("console") && err.contains("--behind-proxy"),
+        err.contains("console_tls_cert") && err.contains("console_behind_proxy"),
         "{err}"
     );
+    let (ok, _, err) = output(billing().args([
+        "--console",
+        "0.0.0.0:8088",
+        "--console-behind-proxy",
+        "nginx",
+        "status",
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(err.contains("console_tokens"), "{err}");
+    let (ok, _, err) = output(billing().args([
+        "--console",
+        "0.0.0.0:8088",
+        "--console-tls-cert",
+        "/nonexistent/console.pem",
+        "--console-tls-key",
+        "/nonexistent/console.key",
+        "status",
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/console.pem"), "{err}");
+    let (ok, _, err) = output(billing().args(["--console-tls-cert", "c.pem", "status"])).await;
+    assert!(!ok);
+    assert!(err.contains("console_tls_cert"), "{err}");
     let (ok, _, err) = output(billing().args(["--console-operator", "ana", "status"])).await;
     assert!(!ok);
     assert!(err.contains("console_operator"), "{err}");
