@@ -748,3 +748,112 @@ async fn off_loopback_the_console_needs_a_proxy_and_logins() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("at least 16 characters"), "{stderr}");
 }
+
+/// A careful replay run whose process died before it published anything
+/// (what a console or CLI killed mid-run leaves: the run "running" in the
+/// database, nobody publishing it) is resumed from its page: the page says
+/// no one here publishes it, the resume is confirmed and audited, and each
+/// message is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_left_by_a_process_that_died_is_resumed_from_its_page() {
+    let db = <sqlx::Postgres as Backend>::create().await;
+    let broker = TestBroker::new().await;
+    let Staged {
+        failed,
+        group,
+        tokens,
+        dir: _dir,
+        ..
+    } = staged(&db, &broker).await;
+    let store = db.store.clone();
+    // Started as the console would, then its process "died": nothing of it
+    // is published.
+    let orphan = warren::admin::Replayer::new(
+        store.clone(),
+        std::sync::Arc::clone(&broker.connection),
+        warren::store::Actor::new("alice"),
+    )
+    .careful(Duration::from_secs(60))
+    .start(&LetterFilter::of_group(&group), None, false)
+    .await
+    .unwrap();
+    assert_eq!((orphan.state.as_str(), orphan.published), ("running", 0));
+    let run_page = format!("/runs/{}", encode(&orphan.run_id));
+
+    let console = start_console(&db.url, &tokens).await;
+    let addr = console.addr.as_str();
+    let bob = format!("Bearer {BOB}");
+    let as_bob = [("Authorization", bob.as_str())];
+    let page = http(addr, "GET", &run_page, &as_bob, "").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("id=\"not-here\"") && page.body.contains("resume-run"),
+        "the page offers to resume a run no one here publishes: {}",
+        page.body
+    );
+    let ask = |confirmed: &'static str| {
+        form(&[
+            ("action", "resume-run"),
+            ("run", orphan.run_id.as_str()),
+            ("confirmed", confirmed),
+        ])
+    };
+    let confirm = http(addr, "POST", "/act", &as_bob, &ask("")).await;
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("Resume replay run") && confirm.body.contains("id=\"confirm\""),
+        "{}",
+        confirm.body
+    );
+    assert_eq!(
+        store
+            .replay_run(&orphan.run_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .published,
+        0,
+        "nothing goes out before the confirmation"
+    );
+
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        store.clone(),
+        routes::<sqlx::Postgres>(),
+    ));
+    let resumed = http(addr, "POST", "/act", &as_bob, &ask("yes")).await;
+    assert_eq!(resumed.status, 303, "{}", resumed.body);
+    assert_eq!(resumed.headers["location"], run_page);
+    let progress = format!("{run_page}/progress");
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            let a = http(addr, "GET", &progress, &as_bob, "").await;
+            let p: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+            p["state"] == "finished" && p["published"] == 3
+        })
+        .await,
+        "the resumed run finished: {}",
+        http(addr, "GET", &progress, &as_bob, "").await.body
+    );
+    assert!(running.settled(3, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+    for id in &failed {
+        assert_eq!(db.effects_for(id).await, 1, "{id} applied once");
+    }
+    let audit = store.audit_log(20).await.unwrap();
+    assert!(
+        audit.iter().any(|e| e.operator == "bob"
+            && e.action == "replay-resume"
+            && e.target == orphan.run_id),
+        "the resume is audited under bob: {audit:?}"
+    );
+    // Finished: nothing left to resume, and a resume is refused.
+    let page = http(addr, "GET", &run_page, &as_bob, "").await;
+    assert!(!page.body.contains("resume-run"), "{}", page.body);
+    let again = http(addr, "POST", "/act", &as_bob, &ask("yes")).await;
+    assert_eq!(again.status, 409, "{}", again.body);
+
+    drop(console);
+    broker.cleanup().await;
+    db.drop_db().await;
+}

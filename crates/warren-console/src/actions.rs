@@ -15,6 +15,7 @@ use warren::admin::{
     DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, purge_letters, set_payload_fields,
 };
 use warren::broker::close_connection;
+use warren::lapin::Connection;
 use warren::store::{Actor, DeadLetterRecord, LetterFilter, LetterState};
 
 use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, cookie, posted};
@@ -114,6 +115,8 @@ pub(crate) struct ActForm {
     #[serde(default)]
     pub(crate) value: String,
     #[serde(default)]
+    pub(crate) run: String,
+    #[serde(default)]
     pub(crate) confirmed: String,
 }
 
@@ -177,6 +180,15 @@ fn describe(form: &ActForm) -> Result<String, String> {
             format!(
                 "Move the unresolved letters of group {} into group {}.",
                 form.group, form.new_group
+            )
+        }
+        "resume-run" => {
+            need(&form.run, "a replay run")?;
+            format!(
+                "Resume replay run {} from this console: publish its letters not yet published \
+                 (carefully, if it was started carefully). If another process is still publishing \
+                 it, both publish the same copies, and the consumers' inbox applies each once.",
+                form.run
             )
         }
         "purge-resolved" => format!(
@@ -354,6 +366,7 @@ async fn perform<S: ConsoleStore>(
                 format!("/letters?group={}", encode(into)),
             ))
         }
+        "resume-run" => resume(app, &form.run, actor).await.map(Done::Run),
         "purge-resolved" => {
             let days = days(form).map_err(refusal)?;
             let before = Utc::now() - chrono::Duration::days(i64::from(days));
@@ -385,16 +398,7 @@ async fn replay<S: ConsoleStore>(
     careful: bool,
     actor: &Actor,
 ) -> Result<String, Failed> {
-    let Some(broker) = &app.config.broker else {
-        return Err(refusal(
-            "this console has no broker to replay to: start it with --amqp-url",
-        ));
-    };
-    let connection =
-        warren::broker::connect_with_tls(&broker.amqp_url, "warren console", &broker.tls)
-            .await
-            .map(Arc::new)
-            .map_err(|e| refusal(format!("cannot connect to the broker: {e}")))?;
+    let connection = connect(app).await?;
     let mut replayer = Replayer::new(app.store.clone(), Arc::clone(&connection), actor.clone());
     if careful {
         replayer = replayer.careful(DEFAULT_OUTCOME_TIMEOUT);
@@ -409,15 +413,93 @@ async fn replay<S: ConsoleStore>(
             return Err(refusal(e));
         }
     };
-    let run_id = run.run_id.clone();
+    publish_in_background(app, replayer, connection, run.run_id.clone());
+    Ok(run.run_id)
+}
+
+/// Resumes a run this process is not publishing: stopped, or left running
+/// by a process that went away. Audited, as the CLI's `--resume` is by the
+/// letters' replays.
+async fn resume<S: ConsoleStore>(
+    app: &Shared<S>,
+    run_id: &str,
+    actor: &Actor,
+) -> Result<String, Failed> {
+    let run = app
+        .store
+        .replay_run(run_id)
+        .await?
+        .ok_or_else(|| Failed::not_found("replay run"))?;
+    if run.state == "finished" {
+        return Err(refusal(format!("replay run {run_id} has finished")));
+    }
+    if app.publishes(run_id) {
+        return Err(refusal(format!(
+            "this console is publishing replay run {run_id} already"
+        )));
+    }
+    let connection = connect(app).await?;
+    app.store
+        .audit(
+            actor,
+            "replay-resume",
+            run_id,
+            &format!(
+                "{} of {} published, {}{}",
+                run.published,
+                run.total,
+                run.state,
+                if run.stop_reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", run.stop_reason)
+                }
+            ),
+            false,
+        )
+        .await?;
+    let replayer = Replayer::new(app.store.clone(), Arc::clone(&connection), actor.clone());
+    publish_in_background(app, replayer, connection, run.run_id.clone());
+    Ok(run.run_id)
+}
+
+/// The broker replays publish to, connected.
+async fn connect<S: ConsoleStore>(app: &Shared<S>) -> Result<Arc<Connection>, Failed> {
+    let Some(broker) = &app.config.broker else {
+        return Err(refusal(
+            "this console has no broker to replay to: start it with --amqp-url",
+        ));
+    };
+    warren::broker::connect_with_tls(&broker.amqp_url, "warren console", &broker.tls)
+        .await
+        .map(Arc::new)
+        .map_err(|e| refusal(format!("cannot connect to the broker: {e}")))
+}
+
+/// Publishes `run_id` in a task of its own, marked as this process's while
+/// it goes.
+fn publish_in_background<S: ConsoleStore>(
+    app: &Shared<S>,
+    replayer: Replayer<S>,
+    connection: Arc<Connection>,
+    run_id: String,
+) {
+    app.publishing
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(run_id.clone());
+    let app = Arc::clone(app);
     tokio::spawn(async move {
-        match replayer.resume(&run.run_id, |_| {}).await {
+        match replayer.resume(&run_id, |_| {}).await {
             Ok(done) => {
                 tracing::info!(run = %done.run_id, published = done.published, "replay run finished");
             }
-            Err(e) => tracing::warn!(run = %run.run_id, error = %e, "replay run stopped"),
+            Err(e) => tracing::warn!(run = %run_id, error = %e, "replay run stopped"),
         }
         close_connection(&connection, "done").await;
+        app.publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&run_id);
     });
-    Ok(run_id)
 }

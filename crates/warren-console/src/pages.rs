@@ -244,6 +244,8 @@ struct RunPage {
     viewer: Viewer,
     run: warren::store::ReplayRun,
     started_at: String,
+    /// This console is publishing it now.
+    here: bool,
 }
 
 /// A replay run's progress, read from the database: it survives a reload,
@@ -261,6 +263,7 @@ pub(crate) async fn run<S: ConsoleStore>(
     Ok(render(&RunPage {
         viewer,
         started_at: time(run.started_at),
+        here: app.publishes(&run.run_id),
         run,
     }))
 }

@@ -34,6 +34,20 @@ pub(crate) struct App<S> {
     pub(crate) store: S,
     pub(crate) config: ConsoleConfig,
     pub(crate) sessions: Sessions,
+    /// The replay runs this process is publishing now. A run the store says
+    /// is running but that is not here was left by another process: the CLI,
+    /// another console, or one that died mid-run.
+    pub(crate) publishing: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl<S> App<S> {
+    /// Whether this process is publishing `run_id` now.
+    pub(crate) fn publishes(&self, run_id: &str) -> bool {
+        self.publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(run_id)
+    }
 }
 
 pub(crate) type Shared<S> = Arc<App<S>>;
@@ -95,6 +109,7 @@ impl Console {
             store,
             config: self.config,
             sessions: Sessions::new(),
+            publishing: Default::default(),
         }));
         let served = match self.tls {
             Some(tls) => {
