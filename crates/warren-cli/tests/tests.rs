@@ -12,6 +12,5 @@ mod util;
 
 mod cli;
 mod console;
-mod console_browser;
 mod console_tls;
 mod dead_letters;
