@@ -753,7 +753,8 @@ async fn off_loopback_the_console_needs_a_proxy_and_logins() {
 /// (what a console or CLI killed mid-run leaves: the run "running" in the
 /// database, nobody publishing it) is resumed from its page: the page says
 /// no one here publishes it, the resume is confirmed and audited, and each
-/// message is applied once.
+/// message is applied once. Then the database fails its queries: pages and
+/// actions answer 503, and the console recovers with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_left_by_a_process_that_died_is_resumed_from_its_page() {
     let db = <sqlx::Postgres as Backend>::create().await;
@@ -852,6 +853,39 @@ async fn a_run_left_by_a_process_that_died_is_resumed_from_its_page() {
     assert!(!page.body.contains("resume-run"), "{}", page.body);
     let again = http(addr, "POST", "/act", &as_bob, &ask("yes")).await;
     assert_eq!(again.status, 409, "{}", again.body);
+
+    // A database that fails its queries: pages and actions say so (503)
+    // and change nothing; once it answers again, so does the console.
+    let pool = <sqlx::Postgres as Backend>::pool(&store);
+    let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+    sqlx::query(sqlx::AssertSqlSafe(rename(
+        "warren_dead_letters",
+        "warren_dead_letters_away",
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let down = http(addr, "GET", "/", &as_bob, "").await;
+    assert_eq!(down.status, 503, "{}", down.body);
+    assert!(down.body.contains("the database"), "{}", down.body);
+    let resolve = form(&[
+        ("action", "resolve-group"),
+        ("group", group.as_str()),
+        ("confirmed", "yes"),
+    ]);
+    assert_eq!(
+        http(addr, "POST", "/act", &as_bob, &resolve).await.status,
+        503
+    );
+    sqlx::query(sqlx::AssertSqlSafe(rename(
+        "warren_dead_letters_away",
+        "warren_dead_letters",
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let up = http(addr, "GET", "/", &as_bob, "").await;
+    assert_eq!(up.status, 200, "{}", up.body);
 
     drop(console);
     broker.cleanup().await;

@@ -188,7 +188,13 @@ async fn an_operator_fixes_a_customers_failed_payments_in_the_browser() {
         acme.push(pay(&publisher, &prefix, &format!("inv_acme_{n}"), "cus_acme").await);
     }
     for n in 0..2 {
-        pay(&publisher, &prefix, &format!("inv_globex_{n}"), "cus_globex").await;
+        pay(
+            &publisher,
+            &prefix,
+            &format!("inv_globex_{n}"),
+            "cus_globex",
+        )
+        .await;
     }
     // Hostile input: refused by billing's rules, so dead-lettered, with a
     // script where an id should be.
@@ -380,12 +386,7 @@ async fn an_operator_fixes_a_customers_failed_payments_in_the_browser() {
     shot(&client, "07-audit").await;
 
     // 7. Another origin's form is refused, whatever it asks.
-    let letter_id = hostile_letter
-        .path()
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let letter_id = hostile_letter.path().rsplit('/').next().unwrap().to_owned();
     let forged = format!(
         "data:text/html,<form method=post action='{base}/act'><input name=action value=resolve-letter>\
          <input name=letter value='{letter_id}'><input name=confirmed value=yes><button id=go>go</button></form>"
