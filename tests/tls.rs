@@ -7,7 +7,6 @@
 
 #![allow(clippy::print_stderr)] // the skip note, and the errors a user would see
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,17 +16,6 @@ use warren::tls::TlsOptions;
 use warren::{Consumer, PgStore, RelayConfig};
 
 use crate::util::*;
-
-/// The certificate directory, or `None` (and a note) when TLS is not set up.
-fn tls_dir() -> Option<PathBuf> {
-    match std::env::var_os("WARREN_TLS_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => Some(PathBuf::from(dir)),
-        None => {
-            eprintln!("skipped: WARREN_TLS_DIR is not set (run .ci/tls-setup)");
-            None
-        }
-    }
-}
 
 fn amqps_url() -> String {
     std::env::var("WARREN_TEST_AMQPS_URL")

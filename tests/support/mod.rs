@@ -23,6 +23,20 @@ pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// The throwaway certificates of `.ci/tls-setup` (`WARREN_TLS_DIR`), or
+/// `None` and a note: the TLS tests pass without running where TLS is not
+/// set up.
+#[allow(clippy::print_stderr)] // the note says why the test did nothing
+pub fn tls_dir() -> Option<std::path::PathBuf> {
+    match std::env::var_os("WARREN_TLS_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => Some(dir.into()),
+        None => {
+            eprintln!("skipped: WARREN_TLS_DIR is not set (run .ci/tls-setup)");
+            None
+        }
+    }
+}
+
 pub fn pg_admin_url() -> String {
     std::env::var("WARREN_TEST_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())

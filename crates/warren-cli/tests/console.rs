@@ -199,6 +199,22 @@ pub(crate) async fn start_console_with(
     }
 }
 
+/// Waits up to a minute for the run at `run_page` to finish with
+/// `published` letters out, as its progress feed says.
+async fn run_finishes(addr: &str, run_page: &str, auth: &[(&str, &str)], published: u64) {
+    let progress = format!("{run_page}/progress");
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            let a = http(addr, "GET", &progress, auth, "").await;
+            let p: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+            p["state"] == "finished" && p["published"] == published
+        })
+        .await,
+        "the run did not finish with {published} published: {}",
+        http(addr, "GET", &progress, auth, "").await.body
+    );
+}
+
 /// Logs in with `token`; the session cookie.
 pub(crate) async fn login(addr: &str, token: &str) -> String {
     let a = http(addr, "POST", "/login", &[], &form(&[("token", token)])).await;
@@ -493,15 +509,7 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
     )
     .await;
     assert_eq!(edit_run.status, 303, "{}", edit_run.body);
-    let edit_progress = format!("{}/progress", edit_run.headers["location"]);
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            let a = http(addr, "GET", &edit_progress, &bob_auth, "").await;
-            let p: serde_json::Value = serde_json::from_str(&a.body).unwrap();
-            p["state"] == "finished" && p["published"] == 1
-        })
-        .await
-    );
+    run_finishes(addr, &edit_run.headers["location"], &bob_auth, 1).await;
     let after = http(addr, "GET", &letter_page, &bob_auth, "").await;
     assert!(after.body.contains("Payload (edited)"), "{}", after.body);
     assert!(after.body.contains("checked by bob"), "{}", after.body);
@@ -523,17 +531,7 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
     assert_eq!(replay.status, 303, "{}", replay.body);
     let run_page = replay.headers["location"].clone();
     assert!(run_page.starts_with("/runs/"), "{run_page}");
-    let progress = format!("{run_page}/progress");
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            let a = http(addr, "GET", &progress, &bob_auth, "").await;
-            let p: serde_json::Value = serde_json::from_str(&a.body).unwrap();
-            p["state"] == "finished" && p["published"] == 2
-        })
-        .await,
-        "the run finished: {}",
-        http(addr, "GET", &progress, &bob_auth, "").await.body
-    );
+    run_finishes(addr, &run_page, &bob_auth, 2).await;
     assert!(running.settled(3, Duration::from_secs(60)).await);
     running.stop().await.unwrap();
     for id in &failed {
@@ -825,17 +823,7 @@ async fn a_run_left_by_a_process_that_died_is_resumed_from_its_page() {
     let resumed = http(addr, "POST", "/act", &as_bob, &ask("yes")).await;
     assert_eq!(resumed.status, 303, "{}", resumed.body);
     assert_eq!(resumed.headers["location"], run_page);
-    let progress = format!("{run_page}/progress");
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            let a = http(addr, "GET", &progress, &as_bob, "").await;
-            let p: serde_json::Value = serde_json::from_str(&a.body).unwrap();
-            p["state"] == "finished" && p["published"] == 3
-        })
-        .await,
-        "the resumed run finished: {}",
-        http(addr, "GET", &progress, &as_bob, "").await.body
-    );
+    run_finishes(addr, &run_page, &as_bob, 3).await;
     assert!(running.settled(3, Duration::from_secs(60)).await);
     running.stop().await.unwrap();
     for id in &failed {

@@ -6,9 +6,7 @@
 //! It uses the throwaway certificates of `.ci/tls-setup` (`WARREN_TLS_DIR`);
 //! without them it prints a note and passes, as the broker's TLS tests do.
 
-#![allow(clippy::print_stderr)] // the skip note
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,17 +15,7 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::console::{ALICE, Answer, form, http_on, start_console_with};
-use crate::util::Backend;
-
-fn tls_dir() -> Option<PathBuf> {
-    match std::env::var_os("WARREN_TLS_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => Some(PathBuf::from(dir)),
-        None => {
-            eprintln!("skipped: WARREN_TLS_DIR is not set (run .ci/tls-setup)");
-            None
-        }
-    }
-}
+use crate::util::{Backend, tls_dir};
 
 /// A TLS client that trusts only `ca`.
 fn trusting(ca: &Path) -> TlsConnector {

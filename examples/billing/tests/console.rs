@@ -90,6 +90,10 @@ async fn text_of(client: &Client, css: &str) -> String {
         .unwrap()
 }
 
+async fn click(client: &Client, what: Locator<'_>) {
+    client.find(what).await.unwrap().click().await.unwrap();
+}
+
 /// The page is as wide as the window or narrower: nothing to scroll sideways.
 async fn fits_the_window(client: &Client, page: &str) {
     let widths = client
@@ -229,13 +233,7 @@ async fn an_operator_fixes_a_customers_failed_payments_in_the_browser() {
         .send_keys(ALICE)
         .await
         .unwrap();
-    client
-        .find(Locator::Css("form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Css("form button")).await;
     client
         .wait()
         .for_element(Locator::Css("table.groups"))
@@ -270,13 +268,7 @@ async fn an_operator_fixes_a_customers_failed_payments_in_the_browser() {
         .goto(&format!("{base}/letters?message_id={hostile}"))
         .await
         .unwrap();
-    client
-        .find(Locator::Css("table td a"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Css("table td a")).await;
     client
         .wait()
         .for_element(Locator::Css("pre.payload"))
@@ -305,13 +297,7 @@ async fn an_operator_fixes_a_customers_failed_payments_in_the_browser() {
     let replay = format!(
         "//form[input[@name='action' and @value='replay-group'] and input[@name='group' and @value='{group}']]//button"
     );
-    client
-        .find(Locator::XPath(&replay))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::XPath(&replay)).await;
     let confirm = client
         .wait()
         .for_element(Locator::Css("#confirm"))
@@ -392,13 +378,7 @@ async fn an_operator_fixes_a_customers_failed_payments_in_the_browser() {
          <input name=letter value='{letter_id}'><input name=confirmed value=yes><button id=go>go</button></form>"
     );
     client.goto(&forged).await.unwrap();
-    client
-        .find(Locator::Css("#go"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Css("#go")).await;
     assert!(
         wait_for(Duration::from_secs(10), || async {
             let body = client.source().await.unwrap_or_default();
