@@ -230,7 +230,17 @@ impl<S: ConsumerStore> Consumer<S> {
                     // would start on the deliveries after those still running
                     // or buffered here, out of order; closed after the drain,
                     // it starts with what comes back.
-                    tracing::info!(in_flight = in_flight.len(), "draining");
+                    // Tasks that finished but were not collected yet are not in
+                    // flight: collected first, the count is the work still running.
+                    while let Some(done) = in_flight.try_join_next() {
+                        log_task_end(done);
+                    }
+                    tracing::info!(
+                        consumer_name = %config.name,
+                        queue_name = %config.queue,
+                        in_flight = in_flight.len(),
+                        "draining"
+                    );
                     if self.inner.seat.is_none() {
                         session.subscription.cancel().await;
                     }

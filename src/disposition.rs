@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::failure::{DeadLetterReason, HandlerError};
 use crate::retry::{Delay, RetryDecision, RetryPolicy};
 use crate::store::{
-    StoreError, is_after_abort, is_connection_error, is_lock_conflict, is_permanent_data_error,
+    StoreError, error_text, is_after_abort, is_connection_error, is_lock_conflict,
+    is_permanent_data_error,
 };
 
 /// How a delivery's earlier life reads from its (verified) headers.
@@ -179,20 +180,20 @@ fn decide_attempt(
         Err(Failure::Handler(HandlerError::Permanent { error })) => {
             return Disposition::dead_letter(
                 DeadLetterReason::Permanent,
-                error.to_string(),
+                error_text(error.as_ref()),
                 attempt,
             );
         }
         // The database refused the data itself: every retry would fail alike.
         Err(Failure::Handler(e)) if database_error_in(e.error(), is_permanent_data_error) => {
-            return refused(e.error(), attempt);
+            return refused(&error_text(e.error()), attempt);
         }
         Err(Failure::Store(e)) if e.is_permanent_data_error() => return refused(&e, attempt),
         // The database is down or restarting: no fault of the message, so it
         // costs no attempt.
         Err(Failure::Handler(e)) if database_error_in(e.error(), is_connection_error) => {
             return Disposition::Return {
-                error: e.to_string(),
+                error: error_text(e.error()),
             };
         }
         Err(Failure::Store(e)) if e.is_connection_error() => {
@@ -200,7 +201,7 @@ fn decide_attempt(
                 error: e.to_string(),
             };
         }
-        Err(Failure::Handler(e)) => (e.error().to_string(), e.retry_after_hint()),
+        Err(Failure::Handler(e)) => (error_text(e.error()), e.retry_after_hint()),
         Err(Failure::Panic(text)) => (format!("handler panicked: {text}"), None),
         Err(Failure::Aborted(e)) => (
             format!(

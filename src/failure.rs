@@ -234,6 +234,17 @@ impl DeadLetterReason {
         DeadLetterReason::UnreadableFrame,
     ];
 
+    /// Whether the message itself was at fault as it arrived (malformed,
+    /// unknown, unreadable): a producer's error, not this service's. The
+    /// others (a handler's permanent failure, retries exhausted, poison, a
+    /// version gap) are failures of the work.
+    pub fn is_invalid_input(self) -> bool {
+        !matches!(
+            self,
+            Self::Permanent | Self::RetriesExhausted | Self::Poison | Self::VersionGap
+        )
+    }
+
     /// The stable, kebab-case name used in headers, metrics and the CLI.
     pub fn as_str(self) -> &'static str {
         match self {

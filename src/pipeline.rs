@@ -107,6 +107,10 @@ struct Finished {
 /// What the engine decided for one ready delivery.
 type Decided = (Disposition, Option<GatedVersion>);
 
+/// What becomes of a delivery that is not routed to a handler, and its
+/// envelope's metadata if that was read (boxed: the error stays small).
+type Unrouted = (Disposition, Option<Box<Metadata>>);
+
 /// A valid delivery's metadata and its handler call, bound to its payload.
 type Routed<DB> = (Metadata, Box<dyn BoundCall<DB>>);
 
@@ -161,10 +165,10 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                     });
                     calls.push(call);
                 }
-                Err(disposition) => finished.push(Finished {
+                Err((disposition, meta)) => finished.push(Finished {
                     position,
                     admitted,
-                    meta: None,
+                    meta: meta.map(|m| *m),
                     disposition,
                     gated: None,
                     suspect: false,
@@ -233,12 +237,31 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// Where a delivery goes before any transaction: `Ok` with its handler
     /// call if it is valid and belongs here; `Err` with its disposition if it
     /// belongs to another partition or is invalid. No database, no broker.
-    fn route(&self, admitted: &Admitted) -> Result<Routed<S::Db>, Disposition> {
+    fn route(&self, admitted: &Admitted) -> Result<Routed<S::Db>, Unrouted> {
         if let Some((home, queue)) = self.home_elsewhere(admitted) {
-            return Err(Disposition::Forward { home, queue });
+            return Err((Disposition::Forward { home, queue }, None));
         }
-        self.prepare(admitted)
-            .map_err(|invalid| Disposition::dead_letter(invalid.reason, invalid.detail, 1))
+        self.prepare(admitted).map_err(|invalid| {
+            // Refused after its envelope was read (an unknown type or
+            // version, a payload that does not fit): its log line still
+            // names its event type and ids.
+            let meta = matches!(
+                invalid.reason,
+                DeadLetterReason::UnknownEventType
+                    | DeadLetterReason::UnknownSchemaVersion
+                    | DeadLetterReason::InvalidPayload
+            )
+            .then(|| {
+                self.envelope(&admitted.delivery)
+                    .ok()
+                    .map(|e| Box::new(e.meta))
+            })
+            .flatten();
+            (
+                Disposition::dead_letter(invalid.reason, invalid.detail, 1),
+                meta,
+            )
+        })
     }
 
     /// On a partition queue: the partition (and its queue) that a delivery's
@@ -261,6 +284,20 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         (home != seat.index).then(|| (home, seat.queue_of(home)))
     }
 
+    /// The delivery's envelope, read.
+    fn envelope(&self, delivery: &Delivery) -> Result<Envelope, InvalidMessage> {
+        let props = &delivery.properties;
+        Envelope::parse(
+            Incoming {
+                message_id: props.message_id().as_ref().map(|s| s.as_str()),
+                content_type: props.content_type().as_ref().map(|s| s.as_str()),
+                content_encoding: props.content_encoding().as_ref().map(|s| s.as_str()),
+                body: &delivery.body,
+            },
+            self.config.max_body_bytes,
+        )
+    }
+
     /// Validates the delivery and binds it to its handler. No database, no
     /// broker; pure, so a unit that runs a message again binds it again.
     fn prepare(&self, admitted: &Admitted) -> Result<Routed<S::Db>, InvalidMessage> {
@@ -280,16 +317,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                 why.as_str(),
             ));
         }
-        let props = &delivery.properties;
-        let envelope = Envelope::parse(
-            Incoming {
-                message_id: props.message_id().as_ref().map(|s| s.as_str()),
-                content_type: props.content_type().as_ref().map(|s| s.as_str()),
-                content_encoding: props.content_encoding().as_ref().map(|s| s.as_str()),
-                body: &delivery.body,
-            },
-            self.config.max_body_bytes,
-        )?;
+        let envelope = self.envelope(delivery)?;
         let handler = self
             .registry
             .lookup(&envelope.meta.event_type, envelope.meta.schema_version)
@@ -370,21 +398,25 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             started,
             ..
         } = &f.admitted;
-        let fields = match &f.meta {
-            Some(m) => MessageFields {
-                message_id: &m.message_id,
-                event_type: &m.event_type,
-                correlation_id: &m.correlation_id,
-                causation_id: m.causation_id.as_deref().unwrap_or_default(),
-                redelivered: delivery.redelivered,
-                retry_attempt: history.failed_attempts,
-            },
-            None => MessageFields {
-                message_id: delivery.message_id(),
-                redelivered: delivery.redelivered,
-                retry_attempt: history.failed_attempts,
-                ..MessageFields::default()
-            },
+        let (error, retry_in) = match &f.disposition {
+            Disposition::Retry { delay, error, .. } | Disposition::Park { delay, error, .. } => {
+                (Some(error.as_str()), Some(*delay))
+            }
+            Disposition::DeadLetter { error, .. }
+            | Disposition::Return { error }
+            | Disposition::Requeue { error } => (Some(error.as_str()), None),
+            Disposition::Ack(_) | Disposition::Forward { .. } => (None, None),
+        };
+        let meta = f.meta.as_ref();
+        let fields = MessageFields {
+            message_id: meta.map_or(delivery.message_id(), |m| m.message_id.as_str()),
+            event_type: meta.map(|m| m.event_type.as_str()),
+            correlation_id: meta.map(|m| m.correlation_id.as_str()),
+            causation_id: meta.and_then(|m| m.causation_id.as_deref()),
+            redelivered: delivery.redelivered,
+            retry_attempt: history.failed_attempts,
+            error,
+            retry_in,
         };
         self.telemetry.record(outcome, &fields, started.elapsed());
         self.telemetry.in_flight(-1.0);

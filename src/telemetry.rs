@@ -177,8 +177,22 @@ impl Default for Counters {
 pub const PAYLOAD_SAFE_LOG_DIRECTIVES: &[&str] = &[
     "lapin::returned_messages=off",
     "lapin::frames=off",
-    "lapin::channels=info",
+    // Every frame at TRACE, and at ERROR each lost connection, which warren
+    // logs itself (at WARN: "lost the broker; reconnecting", with the reason).
+    "lapin::channels=off",
 ];
+
+/// The filter we recommend for a service on warren, and the one warren's
+/// programs start from when `RUST_LOG` is not set: INFO for warren and the
+/// application (one line per processed message), WARN for the libraries
+/// under it, and nothing from `lapin::channel`. The AMQP client logs at
+/// ERROR every channel the broker closes: a passive declare that finds
+/// nothing (warren checks a partition ring's exchange and queues that way at
+/// every start), and a publish the broker refuses. Warren reports what
+/// matters of those itself, once, with what it does about it; with this
+/// filter the client's own lines are hidden. Add
+/// [`PAYLOAD_SAFE_LOG_DIRECTIVES`] after it.
+pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,lapin=warn,lapin::channel=off";
 
 /// What a readiness probe needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,15 +264,22 @@ impl StatsHandle {
     }
 }
 
-/// The log fields of one processed message.
+/// The log fields of one processed message. What warren could not read (an
+/// envelope that did not parse) or the message did not carry (a causation
+/// id) is absent, not an empty string.
 #[derive(Debug, Default)]
 pub(crate) struct MessageFields<'a> {
     pub(crate) message_id: &'a str,
-    pub(crate) event_type: &'a str,
-    pub(crate) correlation_id: &'a str,
-    pub(crate) causation_id: &'a str,
+    pub(crate) event_type: Option<&'a str>,
+    pub(crate) correlation_id: Option<&'a str>,
+    pub(crate) causation_id: Option<&'a str>,
     pub(crate) redelivered: bool,
+    /// Failed attempts before this delivery: 0 on the first.
     pub(crate) retry_attempt: u32,
+    /// Why it was retried, dead-lettered, parked or returned.
+    pub(crate) error: Option<&'a str>,
+    /// When a retried or parked message comes back.
+    pub(crate) retry_in: Option<Duration>,
 }
 
 /// Records outcomes for one consumer.
@@ -566,7 +587,12 @@ impl Telemetry {
     }
 
     /// Counts, measures and logs one finished delivery.
-    pub(crate) fn record(&self, outcome: Outcome, fields: &MessageFields<'_>, elapsed: Duration) {
+    pub(crate) fn record<'a>(
+        &self,
+        outcome: Outcome,
+        fields: &MessageFields<'a>,
+        elapsed: Duration,
+    ) {
         let c = &self.stats.0;
         let counter = match outcome {
             Outcome::Applied => &c.applied,
@@ -605,24 +631,31 @@ impl Telemetry {
         }
 
         let processing_duration_ms = elapsed.as_millis() as u64;
+        let nonempty = |v: Option<&'a str>| v.filter(|v| !v.is_empty());
+        // One line per outcome, and the only one: the fields the design names,
+        // and for a failure why and when it comes back.
         macro_rules! event {
             ($level:expr) => {
                 tracing::event!(
                     $level,
                     message_id = fields.message_id,
-                    event_type = fields.event_type,
+                    event_type = nonempty(fields.event_type),
                     consumer_name = &*self.consumer,
-                    correlation_id = fields.correlation_id,
-                    causation_id = fields.causation_id,
+                    correlation_id = nonempty(fields.correlation_id),
+                    causation_id = nonempty(fields.causation_id),
                     rabbitmq_redelivered = fields.redelivered,
                     retry_attempt = fields.retry_attempt,
                     queue_name = &*self.queue,
                     processing_duration_ms,
                     processing_result = outcome.as_str(),
                     dead_letter_reason = match outcome {
-                        Outcome::DeadLettered(r) => r.as_str(),
-                        _ => "",
+                        Outcome::DeadLettered(r) => Some(r.as_str()),
+                        _ => None,
                     },
+                    retry_in = fields
+                        .retry_in
+                        .map(|d| tracing::field::display(crate::retry::Delay(d))),
+                    error = fields.error,
                     "message processed"
                 )
             };
@@ -635,8 +668,13 @@ impl Telemetry {
             | Outcome::Forwarded => {
                 event!(tracing::Level::INFO);
             }
-            Outcome::Retried => event!(tracing::Level::WARN),
-            Outcome::DeadLettered(_) | Outcome::Returned => event!(tracing::Level::ERROR),
+            // A producer's malformed message is not this service's error; a
+            // message that goes back to its queue is tried again.
+            Outcome::Retried | Outcome::Returned => event!(tracing::Level::WARN),
+            Outcome::DeadLettered(reason) if reason.is_invalid_input() => {
+                event!(tracing::Level::WARN);
+            }
+            Outcome::DeadLettered(_) => event!(tracing::Level::ERROR),
         }
     }
 }

@@ -104,13 +104,6 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
                 {
-                    tracing::warn!(
-                        message_id = delivery.message_id(),
-                        attempt,
-                        retry_in = %crate::retry::Delay(delay),
-                        error,
-                        "transient failure; retrying later"
-                    );
                     Outcome::Retried
                 } else {
                     Outcome::Returned
@@ -132,21 +125,13 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
                 {
-                    tracing::error!(
-                        message_id = delivery.message_id(),
-                        reason = %reason,
-                        error,
-                        "dead-lettered"
-                    );
                     Outcome::DeadLettered(reason)
                 } else {
                     Outcome::Returned
                 }
             }
             Disposition::Park {
-                delay,
-                since_ms,
-                error,
+                delay, since_ms, ..
             } => {
                 let target = self.config.retry_queue(delay);
                 let properties = self.seal(port, park_copy(origin(delivery), since_ms, gated));
@@ -154,34 +139,18 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                     .copy_then_ack(port, delivery, &target, properties)
                     .await
                 {
-                    tracing::info!(
-                        message_id = delivery.message_id(),
-                        wait = %crate::retry::Delay(delay),
-                        error,
-                        "version gap; parked until the versions before it apply"
-                    );
                     Outcome::Parked
                 } else {
                     Outcome::Returned
                 }
             }
-            Disposition::Return { error } => {
-                tracing::warn!(
-                    message_id = delivery.message_id(),
-                    error,
-                    "database unavailable; the message goes back to its queue"
-                );
+            Disposition::Return { .. } => {
                 // Pauses intake: the consume loop probes until the database answers.
                 self.telemetry.set_database_ok(false);
                 self.return_to_queue(port, delivery).await;
                 Outcome::Returned
             }
-            Disposition::Requeue { error } => {
-                tracing::error!(
-                    message_id = delivery.message_id(),
-                    error,
-                    "suspect outran its solo deadline; returned to its queue"
-                );
+            Disposition::Requeue { .. } => {
                 if port.requeue(delivery.tag).await.is_err() {
                     // The channel is gone; the broker requeues the delivery itself.
                     self.telemetry.ack_lost(delivery.message_id());

@@ -3,21 +3,47 @@
 
 use crate::failure::HandlerError;
 
+/// A database error as text. sqlx's own text of a PostgreSQL error ends in
+/// " at line N": the line of PostgreSQL's C source that raised it, which
+/// tells a reader nothing. This gives the database's message and its error
+/// code instead.
+pub fn database_text(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!(
+                "error returned from database: {} (code {code})",
+                db.message()
+            ),
+            None => format!("error returned from database: {}", db.message()),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// An error from a handler as text: a database error as
+/// [`database_text`] gives it, any other as it displays itself.
+pub fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(db) = e.downcast_ref::<sqlx::Error>() {
+        return database_text(db);
+    }
+    e.to_string()
+}
+
 /// An error from a store.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The database refused or could not be reached.
-    #[error("database error: {0}")]
+    #[error("database error: {}", database_text(.0))]
     Database(#[from] sqlx::Error),
     /// The transaction could not commit because an earlier statement had aborted
     /// it (PostgreSQL then turns `COMMIT` into a silent rollback). Nothing was
     /// applied and the transaction is rolled back. Inside a handler this means it
     /// ignored a failed statement; see [`is_aborted`](Self::is_aborted).
-    #[error("the transaction had been aborted by an earlier statement: {0}")]
+    #[error("the transaction had been aborted by an earlier statement: {}", database_text(.0))]
     Aborted(#[source] sqlx::Error),
     /// A migration failed to apply.
-    #[error("migration {version} ({name}) failed: {source}")]
+    #[error("migration {version} ({name}) failed: {}", database_text(source))]
     Migration {
         /// Migration number.
         version: i64,

@@ -58,7 +58,10 @@ pub use dead_letters::{
     GroupMute, LetterEdit, LetterFilter, LetterReplay, LetterState, NewDeadLetter, PageAfter,
     PendingReplay, ReplayCandidate, ReplayRun, StoredDeadLetter,
 };
-pub use error::{StoreError, is_connection_error, is_lock_conflict, is_permanent_data_error};
+pub use error::{
+    StoreError, database_text, error_text, is_connection_error, is_lock_conflict,
+    is_permanent_data_error,
+};
 pub use inbox::{InboxEntry, Store};
 pub use journal::{Journal, JournalEntry};
 pub use outbox::{OutboxCounts, OutboxListener, OutboxStore};

@@ -115,9 +115,13 @@ impl SqlDialect for Postgres {
     const SQL: Statements = Statements {
         begin: "BEGIN",
         after_begin: None,
-        // Scoped to this schema and released at commit.
+        // Scoped to this schema and released at commit. For the same
+        // transaction, notices are not sent: `CREATE TABLE IF NOT EXISTS`
+        // raises one on every start ("already exists, skipping"), which sqlx
+        // would log at INFO.
         lock_migrations: Some(
-            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))",
+            "SELECT set_config('client_min_messages', 'warning', true), \
+             pg_advisory_xact_lock(hashtext(current_schema() || '.warren_migrations'))",
         ),
         unlock_migrations: None,
         ping: "SELECT 1",

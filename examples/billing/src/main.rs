@@ -595,11 +595,11 @@ fn main() -> ExitCode {
         }
     };
     let level = match cli.command {
-        Command::Run => "info",
+        Command::Run => warren::telemetry::DEFAULT_LOG_FILTER,
         // The demo's output is its progress and its table; warren's per-message
         // logs (RUST_LOG=warren=info) would drown them.
         Command::Demo { .. } | Command::Chaos { .. } => "off",
-        _ => "warn",
+        _ => "warn,lapin::channel=off",
     };
     if let Command::Bench { .. } = cli.command {
         init_bench_logging();

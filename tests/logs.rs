@@ -1,0 +1,177 @@
+//! What the logs say of each outcome, read back as JSON from a consumer on
+//! PostgreSQL: one line per outcome and no second one elsewhere, one attempt
+//! numbering, no empty ids, a producer's malformed message at WARN and a
+//! failure of the work at ERROR, the fields of an envelope that was read but
+//! refused, and database errors without PostgreSQL's source line.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use warren::Consumer;
+use warren::lapin::BasicProperties;
+
+use crate::util::*;
+
+/// Log lines written by the test's own thread, as the JSON formatter wrote
+/// them.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self) -> Vec<Value> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+}
+
+/// The "message processed" lines of `id`, in order.
+fn processed<'a>(lines: &'a [Value], id: &str) -> Vec<&'a Value> {
+    lines
+        .iter()
+        .filter(|l| {
+            l["fields"]["message"] == "message processed" && l["fields"]["message_id"] == id
+        })
+        .collect()
+}
+
+// A current-thread runtime: the consumer's tasks run on the thread whose
+// default subscriber captures them, and no other test's lines get in.
+#[tokio::test(flavor = "current_thread")]
+async fn each_outcome_is_logged_once_and_truthfully() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = <sqlx::Postgres as Backend>::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<sqlx::Postgres>(),
+    ));
+
+    let retried = TestBroker::message(&Job::with(Mode::Transient { n: 1 }));
+    let permanent = TestBroker::message(&Job::with(Mode::Permanent));
+    let swallowed = TestBroker::message(&Job::with(Mode::SwallowError));
+    let unknown_version = warren::Outgoing::new(EVENT, 9, &Job::ok()).unwrap();
+    for m in [&retried, &permanent, &swallowed, &unknown_version] {
+        broker.publish(m).await;
+    }
+    broker
+        .publish_raw(
+            b"{not json",
+            BasicProperties::default()
+                .with_message_id("not-json-1".into())
+                .with_content_type("application/json".into()),
+        )
+        .await;
+    assert!(running.settled(5, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+    let lines = captured.lines();
+    let id = |m: &warren::Outgoing| m.meta().message_id.clone();
+
+    // A retry and the success after it: one line each, numbered by the
+    // attempts that failed before.
+    let seen = processed(&lines, &id(&retried));
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    let (first, second) = (&seen[0], &seen[1]);
+    assert_eq!(first["level"], "WARN");
+    assert_eq!(first["fields"]["processing_result"], "retried");
+    assert_eq!(first["fields"]["retry_attempt"], 0);
+    assert!(first["fields"]["error"].is_string(), "{first}");
+    assert!(first["fields"]["retry_in"].is_string(), "{first}");
+    assert_eq!(second["level"], "INFO");
+    assert_eq!(second["fields"]["processing_result"], "applied");
+    assert_eq!(second["fields"]["retry_attempt"], 1);
+    assert!(second["fields"].get("error").is_none(), "{second}");
+
+    // The handler's permanent failure: a failure of the work, at ERROR, once.
+    let seen = processed(&lines, &id(&permanent));
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert_eq!(seen[0]["level"], "ERROR");
+    assert_eq!(seen[0]["fields"]["dead_letter_reason"], "permanent-failure");
+    assert_eq!(seen[0]["fields"]["event_type"], EVENT);
+
+    // A producer's malformed messages: WARN, with what could be read. An
+    // envelope that parsed names its event type and correlation id; one that
+    // did not names neither, and says so by leaving them out.
+    let seen = processed(&lines, &id(&unknown_version));
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert_eq!(seen[0]["level"], "WARN");
+    assert_eq!(
+        seen[0]["fields"]["dead_letter_reason"],
+        "unknown-schema-version"
+    );
+    assert_eq!(seen[0]["fields"]["event_type"], EVENT);
+    assert_eq!(
+        seen[0]["fields"]["correlation_id"],
+        unknown_version.meta().correlation_id.as_str()
+    );
+    let seen = processed(&lines, "not-json-1");
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert_eq!(seen[0]["level"], "WARN");
+    assert_eq!(seen[0]["fields"]["dead_letter_reason"], "invalid-json");
+    assert!(seen[0]["fields"].get("event_type").is_none(), "{}", seen[0]);
+    assert!(
+        seen[0]["fields"].get("correlation_id").is_none(),
+        "{}",
+        seen[0]
+    );
+
+    // A database error, in words a reader can use: no " at line N" of
+    // PostgreSQL's C source.
+    let seen = processed(&lines, &id(&swallowed));
+    let error = seen
+        .iter()
+        .filter_map(|l| l["fields"]["error"].as_str())
+        .next()
+        .unwrap_or_else(|| panic!("the swallowed error is logged: {seen:#?}"));
+    assert!(error.contains("error returned from database"), "{error}");
+    assert!(!error.contains(" at line "), "{error}");
+
+    // Nothing is logged with an empty id, and no outcome twice elsewhere.
+    for line in &lines {
+        for field in ["event_type", "correlation_id", "causation_id"] {
+            assert_ne!(line["fields"][field], "", "{field} empty in {line}");
+        }
+        let message = line["fields"]["message"].as_str().unwrap_or_default();
+        assert!(
+            !["transient failure; retrying later", "dead-lettered"].contains(&message),
+            "a second line for an outcome: {line}"
+        );
+    }
+    // An idle consumer drains nothing.
+    let draining: Vec<_> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "draining")
+        .collect();
+    assert!(!draining.is_empty(), "the shutdown is logged");
+    for line in draining {
+        assert_eq!(line["fields"]["in_flight"], 0, "{line}");
+    }
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
