@@ -182,6 +182,42 @@ pub const PAYLOAD_SAFE_LOG_DIRECTIVES: &[&str] = &[
     "lapin::channels=off",
 ];
 
+/// Histogram buckets for warren's histograms, by metric name: give them to
+/// the exporter so that it renders histograms, not summaries. Quantiles of a
+/// summary cannot be added up across instances; a histogram's buckets can
+/// (`histogram_quantile(0.99, sum by (le) (rate(..._bucket[5m])))`). With
+/// `metrics-exporter-prometheus`:
+///
+/// ```ignore
+/// let mut builder = PrometheusBuilder::new();
+/// for (name, buckets) in warren::telemetry::HISTOGRAM_BUCKETS {
+///     builder = builder.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+/// }
+/// ```
+pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    // Handler and commit time, in seconds: a millisecond to a minute.
+    (
+        "consumer_processing_duration_seconds",
+        &[
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ],
+    ),
+    // Time since the producer's AMQP timestamp, which has one-second
+    // resolution and the producer's clock: a second to a day.
+    (
+        "consumer_message_age_seconds",
+        &[
+            1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0,
+        ],
+    ),
+    // Messages per transaction.
+    (
+        "consumer_batch_size",
+        &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+    ),
+];
+
 /// The filter we recommend for a service on warren, and the one warren's
 /// programs start from when `RUST_LOG` is not set: INFO for warren and the
 /// application (one line per processed message), WARN for the libraries

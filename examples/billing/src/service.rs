@@ -275,7 +275,17 @@ pub async fn run<B: BillingDb>(
     inbox_retention: Option<Duration>,
     signal: impl Future<Output = ()>,
 ) -> Result<(), String> {
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+    // Histograms, not summaries: quantiles that add up across instances.
+    let mut builder = metrics_exporter_prometheus::PrometheusBuilder::new();
+    for (name, buckets) in warren::telemetry::HISTOGRAM_BUCKETS {
+        builder = builder
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full((*name).to_owned()),
+                buckets,
+            )
+            .map_err(|e| format!("the buckets of {name}: {e}"))?;
+    }
+    let recorder = builder
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let (stop_tx, stop_rx) = watch::channel(false);

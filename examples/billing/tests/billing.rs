@@ -344,6 +344,24 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
         "{metrics}"
     );
     assert!(metrics.contains("consumer_duplicates_total"), "{metrics}");
+    // Histograms with buckets, not summaries: quantiles add up across
+    // instances.
+    for histogram in [
+        "consumer_processing_duration_seconds",
+        "consumer_batch_size",
+    ] {
+        assert!(
+            metrics.contains(&format!("{histogram}_bucket{{")),
+            "{histogram} has buckets: {metrics}"
+        );
+        let series = format!("{histogram}{{");
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| l.starts_with(&series) && l.contains("quantile=")),
+            "{histogram} is not a summary: {metrics}"
+        );
+    }
 
     let pid = run.id().unwrap();
     let sent = std::process::Command::new("kill")
