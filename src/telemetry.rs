@@ -188,11 +188,16 @@ pub const PAYLOAD_SAFE_LOG_DIRECTIVES: &[&str] = &[
 /// (`histogram_quantile(0.99, sum by (le) (rate(..._bucket[5m])))`). With
 /// `metrics-exporter-prometheus`:
 ///
-/// ```ignore
+/// ```
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+///
 /// let mut builder = PrometheusBuilder::new();
 /// for (name, buckets) in warren::telemetry::HISTOGRAM_BUCKETS {
-///     builder = builder.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+///     builder = builder
+///         .set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)
+///         .expect("warren's buckets are valid");
 /// }
+/// let _recorder = builder.build_recorder();
 /// ```
 pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     // Handler and commit time, in seconds: a millisecond to a minute.
