@@ -439,6 +439,8 @@ impl Telemetry {
         } else {
             let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
+        let up = count.load(Ordering::Relaxed) > 0;
+        metrics::gauge!("consumer_broker_up", &self.labels()).set(if up { 1.0 } else { 0.0 });
     }
 
     pub(crate) fn set_database_ok(&self, ok: bool) {
