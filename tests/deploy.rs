@@ -85,7 +85,10 @@ fn the_dashboard_and_alerts_use_only_metrics_warren_exports() {
         .join("\n");
     assert!(!rule_exprs.is_empty(), "the rules have expressions");
 
-    for (what, text) in [("the dashboard", &queries), ("the alert rules", &rule_exprs)] {
+    for (what, text) in [
+        ("the dashboard", &queries),
+        ("the alert rules", &rule_exprs),
+    ] {
         let unknown: Vec<String> = used(text).difference(&names).cloned().collect();
         assert!(
             unknown.is_empty(),
