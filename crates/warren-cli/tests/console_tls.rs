@@ -14,7 +14,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::console::{ALICE, Answer, form, http_on, start_console_with};
+use crate::console_support::{ALICE, Answer, form, http_on, start_console_with};
 use crate::util::{Backend, tls_dir};
 
 /// A TLS client that trusts only `ca`.

@@ -12,5 +12,6 @@ mod util;
 
 mod cli;
 mod console;
+mod console_support;
 mod console_tls;
 mod dead_letters;
