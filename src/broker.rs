@@ -220,7 +220,11 @@ pub async fn connect_with_tls(
     // Read at every connect, so a renewed certificate is used on reconnect.
     let tls_config = tls.load()?;
     let mut last = None;
-    for u in &urls {
+    for (i, u) in urls.iter().enumerate() {
+        // The last URL's failure is the error returned, which the caller
+        // logs with what it does next; an earlier one is worth a line of
+        // its own (the next URL was tried instead).
+        let failover = i + 1 < urls.len();
         let props = ConnectionProperties::default().with_connection_name(name.into());
         let uri = u.parse::<lapin::uri::AMQPUri>().map_err(|e| {
             BrokerError::Unavailable(format!("{}: {e}", crate::database_url::redact_url(u)))
@@ -240,11 +244,17 @@ pub async fn connect_with_tls(
                     tracing::error!(error = %tls_error, "TLS failed");
                     return Err(BrokerError::Tls(tls_error));
                 }
-                tracing::warn!(url = %crate::database_url::redact_url(u), error = %e, "broker unreachable");
+                if failover {
+                    tracing::warn!(url = %crate::database_url::redact_url(u), error = %e, "broker unreachable; trying the next URL");
+                } else {
+                    tracing::debug!(url = %crate::database_url::redact_url(u), error = %e, "broker unreachable");
+                }
                 last = Some(BrokerError::Amqp(e));
             }
             Err(_) => {
-                tracing::warn!(url = %crate::database_url::redact_url(u), "broker did not answer within {CONNECT_TIMEOUT:?}");
+                if failover {
+                    tracing::warn!(url = %crate::database_url::redact_url(u), "broker did not answer within {CONNECT_TIMEOUT:?}; trying the next URL");
+                }
                 last = Some(BrokerError::Unavailable(format!(
                     "{} did not complete the handshake within {CONNECT_TIMEOUT:?}",
                     crate::database_url::redact_url(u)

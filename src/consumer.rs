@@ -199,7 +199,13 @@ impl<S: ConsumerStore> Consumer<S> {
                 }
                 Err(e) => {
                     let wait = backoff.next_delay();
-                    tracing::warn!(error = %e, retry_in = ?wait, "cannot consume; retrying");
+                    tracing::warn!(
+                        consumer_name = %config.name,
+                        queue_name = %config.queue,
+                        error = %e,
+                        retry_in = ?wait,
+                        "cannot consume; retrying"
+                    );
                     tokio::select! {
                         () = stop.cancelled() => break,
                         () = tokio::time::sleep(wait) => continue,

@@ -225,15 +225,16 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
 
 /// The filter we recommend for a service on warren, and the one warren's
 /// programs start from when `RUST_LOG` is not set: INFO for warren and the
-/// application (one line per processed message), WARN for the libraries
-/// under it, and nothing from `lapin::channel`. The AMQP client logs at
-/// ERROR every channel the broker closes: a passive declare that finds
-/// nothing (warren checks a partition ring's exchange and queues that way at
-/// every start), and a publish the broker refuses. Warren reports what
-/// matters of those itself, once, with what it does about it; with this
-/// filter the client's own lines are hidden. Add
+/// application (one line per processed message), WARN for sqlx, and nothing
+/// from lapin, the AMQP client. lapin logs at ERROR every channel the broker
+/// closes (a passive declare that finds nothing, as warren's check of a
+/// partition ring at every start expects; a publish the broker refuses) and
+/// every connection it loses (`lapin::io_loop`, "error doing IO", on each
+/// broker restart). Warren reports what matters of those itself, once per
+/// component, at WARN, with what it does about it ("lost the broker;
+/// reconnecting", "cannot consume; retrying"). Add
 /// [`PAYLOAD_SAFE_LOG_DIRECTIVES`] after it.
-pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,lapin=warn,lapin::channel=off";
+pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,lapin=off";
 
 /// What a readiness probe needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         // Warnings only: the CLI's output is what it prints. lapin's own
         // ERROR lines for the channels a passive check closes are not news.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin::channel=off"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     // After RUST_LOG, so that no setting lets payloads into the logs.
     for directive in warren::telemetry::PAYLOAD_SAFE_LOG_DIRECTIVES {
         filter = filter.add_directive(directive.parse().expect("warren's directives parse"));

@@ -599,7 +599,7 @@ fn main() -> ExitCode {
         // The demo's output is its progress and its table; warren's per-message
         // logs (RUST_LOG=warren=info) would drown them.
         Command::Demo { .. } | Command::Chaos { .. } => "off",
-        _ => "warn,lapin::channel=off",
+        _ => "warn,lapin=off",
     };
     if let Command::Bench { .. } = cli.command {
         init_bench_logging();
