@@ -398,6 +398,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             started,
             ..
         } = &f.admitted;
+        let crashed = matches!(f.disposition, Disposition::Requeue { .. });
         let (error, retry_in) = match &f.disposition {
             Disposition::Retry { delay, error, .. } | Disposition::Park { delay, error, .. } => {
                 (Some(error.as_str()), Some(*delay))
@@ -416,7 +417,10 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             redelivered: delivery.redelivered,
             retry_attempt: history.failed_attempts,
             error,
-            retry_in,
+            // Returned instead (its copy could not be sent): it comes back
+            // from its own queue, not from a tier.
+            retry_in: retry_in.filter(|_| outcome != Outcome::Returned),
+            crashed,
         };
         self.telemetry.record(outcome, &fields, started.elapsed());
         self.telemetry.in_flight(-1.0);

@@ -322,6 +322,9 @@ pub(crate) struct MessageFields<'a> {
     pub(crate) error: Option<&'a str>,
     /// When a retried or parked message comes back.
     pub(crate) retry_in: Option<Duration>,
+    /// It ran as a suspect past its solo deadline: returned to its queue,
+    /// and counted as a crash of the work.
+    pub(crate) crashed: bool,
 }
 
 /// Records outcomes for one consumer.
@@ -334,6 +337,11 @@ pub(crate) struct Telemetry {
     /// the application has installed its recorder (a handle taken earlier would
     /// stay bound to the no-op one), and no message pays for label strings.
     hot: Arc<OnceLock<HotMetrics>>,
+    /// Held while a session's start or end changes the consuming count and
+    /// `consumer_broker_up` with it: the partitions of one consumer share
+    /// this telemetry, and two of them ending at once must not leave the
+    /// gauge at the value of the first.
+    consuming_gauge: Arc<std::sync::Mutex<()>>,
 }
 
 /// Handles of the metrics every delivery touches.
@@ -413,6 +421,7 @@ impl Telemetry {
             queue: queue.into(),
             stats: StatsHandle::default(),
             hot: Arc::default(),
+            consuming_gauge: Arc::default(),
         }
     }
 
@@ -434,6 +443,10 @@ impl Telemetry {
 
     /// A session starts (`true`) or stops (`false`) consuming; calls pair up.
     pub(crate) fn set_consuming(&self, consuming: bool) {
+        let _one_at_a_time = self
+            .consuming_gauge
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let count = &self.stats.0.consuming;
         if consuming {
             count.fetch_add(1, Ordering::Relaxed);
@@ -712,6 +725,9 @@ impl Telemetry {
             | Outcome::Forwarded => {
                 event!(tracing::Level::INFO);
             }
+            // A suspect that outran its solo deadline counts as a crash of
+            // the work.
+            Outcome::Returned if fields.crashed => event!(tracing::Level::ERROR),
             // A producer's malformed message is not this service's error; a
             // message that goes back to its queue is tried again.
             Outcome::Retried | Outcome::Returned => event!(tracing::Level::WARN),

@@ -78,11 +78,19 @@ fn the_dashboard_and_alerts_use_only_metrics_warren_exports() {
     let rules =
         std::fs::read_to_string(Path::new(ROOT).join("deploy/prometheus/warren-alerts.yml"))
             .unwrap();
-    let rule_exprs: String = rules
+    let rule_exprs: Vec<&str> = rules
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix("expr:"))
-        .collect::<Vec<_>>()
-        .join("\n");
+        .map(str::trim)
+        .collect();
+    // One line each, so that this test reads all of every expression.
+    assert!(
+        rule_exprs
+            .iter()
+            .all(|e| !e.is_empty() && !e.starts_with('|') && !e.starts_with('>')),
+        "write each rule's expr on its line: {rule_exprs:?}"
+    );
+    let rule_exprs = rule_exprs.join("\n");
     assert!(!rule_exprs.is_empty(), "the rules have expressions");
 
     for (what, text) in [

@@ -540,7 +540,7 @@ fn applied_or_stale(stale: bool) -> Applied {
 
 fn failure_text(failure: &Failure) -> String {
     match failure {
-        Failure::Handler(e) => e.to_string(),
+        Failure::Handler(e) => crate::store::error_text(e.error()),
         Failure::Store(e) | Failure::Aborted(e) => e.to_string(),
         Failure::Panic(text) => text.clone(),
     }

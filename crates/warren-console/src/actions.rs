@@ -433,11 +433,29 @@ async fn resume<S: ConsoleStore>(
     if run.state == "finished" {
         return Err(refusal(format!("replay run {run_id} has finished")));
     }
-    if app.publishes(run_id) {
+    // Checked and marked in one step, before connecting and auditing, so
+    // that a second click (or a second operator) cannot start another
+    // publisher of the same run here.
+    if !app.take_run(run_id) {
         return Err(refusal(format!(
             "this console is publishing replay run {run_id} already"
         )));
     }
+    let started = start_resume(app, &run, actor).await;
+    if started.is_err() {
+        app.release_run(run_id);
+    }
+    started
+}
+
+/// Audits the resume of `run` and publishes it in the background; the run
+/// is already this console's.
+async fn start_resume<S: ConsoleStore>(
+    app: &Shared<S>,
+    run: &warren::store::ReplayRun,
+    actor: &Actor,
+) -> Result<String, Failed> {
+    let run_id = run.run_id.as_str();
     let connection = connect(app).await?;
     app.store
         .audit(
@@ -460,7 +478,7 @@ async fn resume<S: ConsoleStore>(
         .await?;
     let replayer = Replayer::new(app.store.clone(), Arc::clone(&connection), actor.clone());
     publish_in_background(app, replayer, connection, run.run_id.clone());
-    Ok(run.run_id)
+    Ok(run.run_id.clone())
 }
 
 /// The broker replays publish to, connected.
@@ -484,10 +502,7 @@ fn publish_in_background<S: ConsoleStore>(
     connection: Arc<Connection>,
     run_id: String,
 ) {
-    app.publishing
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(run_id.clone());
+    app.take_run(&run_id);
     let app = Arc::clone(app);
     tokio::spawn(async move {
         match replayer.resume(&run_id, |_| {}).await {
@@ -497,9 +512,6 @@ fn publish_in_background<S: ConsoleStore>(
             Err(e) => tracing::warn!(run = %run_id, error = %e, "replay run stopped"),
         }
         close_connection(&connection, "done").await;
-        app.publishing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&run_id);
+        app.release_run(&run_id);
     });
 }

@@ -41,12 +41,25 @@ pub(crate) struct App<S> {
 }
 
 impl<S> App<S> {
-    /// Whether this process is publishing `run_id` now.
-    pub(crate) fn publishes(&self, run_id: &str) -> bool {
+    fn publishing(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
         self.publishing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(run_id)
+    }
+
+    /// Whether this process is publishing `run_id` now.
+    pub(crate) fn publishes(&self, run_id: &str) -> bool {
+        self.publishing().contains(run_id)
+    }
+
+    /// Marks `run_id` as published by this process; false if it already was.
+    pub(crate) fn take_run(&self, run_id: &str) -> bool {
+        self.publishing().insert(run_id.to_owned())
+    }
+
+    /// This process no longer publishes `run_id`.
+    pub(crate) fn release_run(&self, run_id: &str) {
+        self.publishing().remove(run_id);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The console's own TLS: a certificate chain and key from PEM files, and a
 //! listener that hands axum only connections whose handshake completed.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +28,14 @@ pub struct ServerTls {
 /// after this long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Handshakes in progress at once; more connections wait to be accepted, so a
-/// flood of idle sockets cannot grow the console's memory without bound.
-const MAX_HANDSHAKES: usize = 128;
+/// Handshakes in progress at once. A connection that finds them all taken
+/// is closed at once: the accept loop never waits, so idle sockets cannot
+/// hold it up.
+const MAX_HANDSHAKES: usize = 256;
+
+/// Handshakes in progress at once from one address, so that one client
+/// cannot take every slot.
+const MAX_HANDSHAKES_PER_PEER: usize = 16;
 
 impl ServerTls {
     /// Reads both files and builds the server's TLS settings; an error names
@@ -105,11 +111,9 @@ impl TlsListener {
         let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);
         let tls = TlsAcceptor::from(config);
         let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let peers: Arc<std::sync::Mutex<HashMap<IpAddr, usize>>> = Arc::default();
         let acceptor = tokio::spawn(async move {
             loop {
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
                 let (stream, peer) = match tcp.accept().await {
                     Ok(accepted) => accepted,
                     Err(e) => {
@@ -120,11 +124,21 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let Some(peer_slot) = PeerSlot::take(&peers, peer.ip()) else {
+                    tracing::debug!(%peer, "too many TLS handshakes from one address; closed");
+                    continue;
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "too many TLS handshakes at once; connection closed");
+                    continue;
+                };
                 let tls = tls.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                    let handshake =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await;
+                    drop((slot, peer_slot));
+                    match handshake {
                         Ok(Ok(stream)) => {
                             let _ = tx.send((stream, peer)).await;
                         }
@@ -143,6 +157,44 @@ impl TlsListener {
             local,
             acceptor,
         })
+    }
+}
+
+/// One of an address's handshake slots, given back when dropped.
+struct PeerSlot {
+    peers: Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(peers: &Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr) -> Option<Self> {
+        let mut map = peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(ip).or_default();
+        if *n >= MAX_HANDSHAKES_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            peers: Arc::clone(peers),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self
+            .peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
     }
 }
 
