@@ -22,7 +22,6 @@ mod hostile;
 mod inbox;
 #[cfg(feature = "testing")]
 mod kit;
-mod logs;
 #[cfg(all(feature = "mysql", feature = "testing"))]
 mod mysql;
 mod ordering;
