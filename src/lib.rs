@@ -144,6 +144,7 @@ pub mod telemetry;
 pub mod testing;
 pub mod tls;
 pub mod topology;
+pub mod trace_context;
 pub mod version;
 
 /// Operator tooling: dead-letter queues (list, show, replay, purge), the

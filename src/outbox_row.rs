@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
 use crate::envelope::CONTENT_TYPE_JSON;
+use crate::headers::HEADER_PUBLISHED_AT_MS;
 use crate::outgoing::{InvalidOutgoing, Outgoing};
+use crate::trace_context::TraceContext;
 
 /// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +82,10 @@ pub struct NewOutboxRow<'a> {
     pub properties: String,
     /// The envelope body.
     pub body: Vec<u8>,
+    /// The id of the message whose handler wrote it, if any.
+    pub causation_id: Option<&'a str>,
+    /// The trace context it continues, checked, captured as it is written.
+    pub trace: &'a TraceContext,
 }
 
 /// An unpublished row, as the relay reads it.
@@ -99,6 +105,31 @@ pub struct OutboxRow {
     pub body: Vec<u8>,
     /// Publish attempts so far.
     pub attempts: i64,
+    /// When it was written, by the database's clock.
+    pub written_at: Option<DateTime<Utc>>,
+    /// The trace context stored with it (empty for a row written before
+    /// warren stored one); checked again as it is read.
+    pub trace: TraceContext,
+}
+
+impl OutboxRow {
+    /// The AMQP properties to publish with: the stored ones, the trace
+    /// context `trace` (the stored one, or a relay span's that continues
+    /// it), and [`HEADER_PUBLISHED_AT_MS`] set to `published_at`.
+    pub fn to_amqp(
+        &self,
+        trace: &TraceContext,
+        published_at: DateTime<Utc>,
+    ) -> Result<BasicProperties, InvalidOutgoing> {
+        let properties = self.properties.to_amqp(&self.message_id)?;
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        trace.write_headers(&mut headers);
+        headers.insert(
+            HEADER_PUBLISHED_AT_MS.into(),
+            AMQPValue::LongLongInt(published_at.timestamp_millis()),
+        );
+        Ok(properties.with_headers(headers))
+    }
 }
 
 /// What became of one row the relay tried to publish.
@@ -170,6 +201,8 @@ impl<'a> NewOutboxRow<'a> {
             routing_key,
             properties,
             body: message.body(),
+            causation_id: message.meta().causation_id.as_deref(),
+            trace: message.trace_context(),
         })
     }
 }
@@ -195,8 +228,21 @@ pub(crate) fn parse_properties(json: &str) -> Result<StoredProperties, String> {
 }
 
 /// An outbox row as selected for publishing: id, message id, exchange, routing
-/// key, properties (JSON), body, attempts.
-pub(crate) type RawOutboxRow = (i64, String, String, String, String, Vec<u8>, i64);
+/// key, properties (JSON), body, attempts, when it was written (milliseconds
+/// since the epoch), traceparent, tracestate, baggage.
+pub(crate) type RawOutboxRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 /// A failed row as selected: id, message id, exchange, routing key, last error,
 /// attempts.
@@ -207,7 +253,9 @@ pub(crate) type RawFailedRow = (i64, String, String, String, Option<String>, i64
 pub(crate) fn from_raw(raw: Vec<RawOutboxRow>) -> (Vec<OutboxRow>, Vec<(i64, RowOutcome)>) {
     let mut rows = Vec::with_capacity(raw.len());
     let mut unreadable = Vec::new();
-    for (id, message_id, exchange, routing_key, properties, body, attempts) in raw {
+    for (id, message_id, exchange, routing_key, properties, body, attempts, written, tp, ts, bg) in
+        raw
+    {
         match parse_properties(&properties) {
             Ok(properties) => rows.push(OutboxRow {
                 id,
@@ -217,6 +265,8 @@ pub(crate) fn from_raw(raw: Vec<RawOutboxRow>) -> (Vec<OutboxRow>, Vec<(i64, Row
                 properties,
                 body,
                 attempts,
+                written_at: written.and_then(DateTime::from_timestamp_millis),
+                trace: TraceContext::from_parts(tp.as_deref(), ts.as_deref(), bg.as_deref()),
             }),
             Err(e) => unreadable.push((id, RowOutcome::Failed(e))),
         }

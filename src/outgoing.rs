@@ -8,6 +8,8 @@ use serde_json::value::RawValue;
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
 use crate::envelope::{CONTENT_TYPE_JSON, MAX_MESSAGE_ID_LEN, Metadata};
+use crate::headers::{HEADER_BAGGAGE, HEADER_TRACEPARENT, HEADER_TRACESTATE};
+use crate::trace_context::TraceContext;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -43,6 +45,9 @@ pub struct Outgoing {
     payload: Box<RawValue>,
     /// Headers sent as AMQP long strings (the partition key among them).
     headers: std::collections::BTreeMap<String, String>,
+    /// The W3C trace context it continues, checked; sent as the
+    /// `traceparent`, `tracestate` and `baggage` headers.
+    trace: TraceContext,
 }
 
 impl Outgoing {
@@ -65,6 +70,7 @@ impl Outgoing {
             },
             payload: serde_json::value::to_raw_value(payload)?,
             headers: std::collections::BTreeMap::new(),
+            trace: TraceContext::default(),
         })
     }
 
@@ -97,10 +103,38 @@ impl Outgoing {
         self.with_header(crate::headers::HEADER_PARTITION_KEY, key)
     }
 
-    /// Sets a header, sent as an AMQP long string.
+    /// Sets a header, sent as an AMQP long string. The trace headers
+    /// (`traceparent`, `tracestate`, `baggage`) go through
+    /// [`TraceContext`]'s checks instead, as if set by
+    /// [`with_trace_context`](Self::with_trace_context).
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.insert(name.into(), value.into());
+        let (name, value) = (name.into(), value.into());
+        let t = &self.trace;
+        let (mut parent, mut state, mut baggage) = (t.traceparent(), t.tracestate(), t.baggage());
+        match name.as_str() {
+            HEADER_TRACEPARENT => parent = Some(&value),
+            HEADER_TRACESTATE => state = Some(&value),
+            HEADER_BAGGAGE => baggage = Some(&value),
+            _ => {
+                self.headers.insert(name, value);
+                return self;
+            }
+        }
+        self.trace = TraceContext::from_parts(parent, state, baggage);
         self
+    }
+
+    /// Sets the trace context this message continues. Inside a handler,
+    /// [`Tx::publish`](crate::Tx::publish) sets the handler's own unless one is
+    /// set here.
+    pub fn with_trace_context(mut self, trace: TraceContext) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The trace context this message continues (empty if none).
+    pub fn trace_context(&self) -> &TraceContext {
+        &self.trace
     }
 
     /// The headers set with [`with_header`](Self::with_header).
@@ -214,6 +248,11 @@ impl Outgoing {
                     );
                 }
             }
+            props = props.with_headers(headers);
+        }
+        if !self.trace.is_empty() {
+            let mut headers = props.headers().clone().unwrap_or_default();
+            self.trace.write_headers(&mut headers);
             props = props.with_headers(headers);
         }
         props

@@ -30,11 +30,12 @@ use crate::disposition::{Disposition, History, Rules};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
 use crate::failure::DeadLetterReason;
 use crate::handler::BoundCall;
-use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, Signer};
+use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, HEADER_PUBLISHED_AT_MS, Signer};
 use crate::partition::{self, KeyError};
 use crate::registry::Registry;
 use crate::store::{Journal, SoloRuns, Store};
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
+use crate::trace_context::TraceContext;
 use crate::version::GatedVersion;
 
 mod engine;
@@ -78,6 +79,9 @@ struct Admitted {
     key: Result<String, KeyError>,
     started: Instant,
     received_at: DateTime<Utc>,
+    /// The W3C trace context it carried, checked: what its handler's outbox
+    /// rows continue.
+    trace: TraceContext,
 }
 
 /// A delivery that passed validation and routing, waiting for its unit of
@@ -223,6 +227,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             .as_ref()
             .map_or(partition::DEFAULT_PARTITION_HEADER, |p| p.header.as_str());
         let key = partition::key_of(headers, key_header);
+        let trace = TraceContext::from_headers(headers);
         self.telemetry.in_flight(1.0);
         self.record_age(&delivery, received_at);
         Admitted {
@@ -231,6 +236,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             key,
             started,
             received_at,
+            trace,
         }
     }
 
@@ -381,8 +387,15 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     }
 
     /// Freshness: how long the message waited before reaching a handler.
+    /// The age of a delivery: since the relay published it, in milliseconds
+    /// by the relay's clock, where it carries [`HEADER_PUBLISHED_AT_MS`]; else
+    /// since its AMQP `timestamp`, in whole seconds by the producer's clock.
     fn record_age(&self, delivery: &Delivery, received_at: DateTime<Utc>) {
-        if let Some(sent) = *delivery.properties.timestamp() {
+        let headers = delivery.properties.headers().as_ref();
+        if let Some(sent_ms) = headers.and_then(|h| header_int(h, HEADER_PUBLISHED_AT_MS)) {
+            let age_ms = received_at.timestamp_millis().saturating_sub(sent_ms);
+            self.telemetry.message_age(age_ms.max(0) as f64 / 1000.0);
+        } else if let Some(sent) = *delivery.properties.timestamp() {
             let age = received_at.timestamp() - i64::try_from(sent).unwrap_or(i64::MAX);
             self.telemetry.message_age(age.max(0) as f64);
         }

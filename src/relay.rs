@@ -404,7 +404,7 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
             ))));
             continue;
         }
-        match r.properties.to_amqp(&r.message_id) {
+        match r.to_amqp(&r.trace, Utc::now()) {
             Ok(properties) => {
                 outcomes.push(None);
                 item_rows.push(i);

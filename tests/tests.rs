@@ -33,3 +33,4 @@ mod retries;
 mod shutdown;
 mod supervision;
 mod tls;
+mod trace;

@@ -80,3 +80,14 @@ pub(crate) const BROKER_HEADERS: &[&str] = &[
     "x-last-death-reason",
     "x-delivery-count",
 ];
+
+/// Header: the W3C `traceparent` (see [`crate::trace_context`]).
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// Header: the W3C `tracestate`.
+pub const HEADER_TRACESTATE: &str = "tracestate";
+/// Header: W3C `baggage`.
+pub const HEADER_BAGGAGE: &str = "baggage";
+/// Header: when the relay published the message, in milliseconds since the
+/// epoch by the relay's clock (an AMQP long long int). The AMQP `timestamp`
+/// property is when the event occurred, in whole seconds.
+pub const HEADER_PUBLISHED_AT_MS: &str = "published-at-ms";

@@ -268,7 +268,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                         return rolled_back(tx, Run::FailedAt(pos, failure, None)).await;
                     }
                 };
-                tx.set_cause(this.meta.clone());
+                tx.set_cause(this.meta.clone(), this.admitted.trace.clone());
                 if savepoints && let Err(e) = tx.savepoint().await {
                     return rolled_back(tx, store_failed(e)).await;
                 }

@@ -289,7 +289,7 @@ impl Statements {
             ("purge_solo_runs", self.purge_solo_runs, 3),
             ("record_solo_run", self.record_solo_run, 2),
             ("clear_solo_runs", self.clear_solo_runs, 2),
-            ("insert_outbox", self.insert_outbox, 5),
+            ("insert_outbox", self.insert_outbox, 9),
             ("mark_published", self.mark_published, 1),
             ("mark_failed", self.mark_failed, 2),
             ("mark_retry", self.mark_retry, 2),

@@ -38,7 +38,9 @@ const CHECK_MARK: &str = "RELEASE SAVEPOINT warren_tx";
 
 /// Locked rows belong to another relay's batch.
 const TAKE_BATCH: &str = "SELECT id, CAST(message_id AS CHAR) AS message_id, exchange, routing_key,
-            properties, body, attempts
+            properties, body, attempts,
+            CAST(ROUND(UNIX_TIMESTAMP(created_at) * 1000) AS SIGNED),
+            traceparent, tracestate, baggage
      FROM warren_outbox
      WHERE published_at IS NULL AND failed_at IS NULL
      ORDER BY id
@@ -136,8 +138,9 @@ impl SqlDialect for MySql {
             "SELECT runs FROM warren_solo_runs WHERE consumer_name = ? AND message_id = ?",
         ),
         clear_solo_runs: "DELETE FROM warren_solo_runs WHERE consumer_name = ? AND message_id = ?",
-        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
-             VALUES (?, ?, ?, ?, ?)",
+        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body,
+                 causation_id, traceparent, tracestate, baggage)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         notify_outbox: None,
         mark_published: "UPDATE warren_outbox SET published_at = UTC_TIMESTAMP(6), attempts = attempts + 1
              WHERE id IN (SELECT j.id FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j)",
@@ -224,6 +227,11 @@ impl SqlDialect for MySql {
                 version: 7,
                 name: "dead letters",
                 sql: include_str!("migrations/mysql/0007_dead_letters.sql"),
+            },
+            Migration {
+                version: 8,
+                name: "outbox trace context",
+                sql: include_str!("migrations/mysql/0008_outbox_trace.sql"),
             },
         ],
     };

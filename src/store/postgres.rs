@@ -102,7 +102,8 @@ const NOTIFY_CHANNEL: &str = "warren_outbox";
 
 /// Locked rows belong to another relay's batch; skipping them is what lets
 /// several relays share one outbox without publishing a row twice.
-const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properties, body, attempts
+const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properties, body, attempts,
+            (EXTRACT(EPOCH FROM created_at) * 1000)::BIGINT, traceparent, tracestate, baggage
      FROM warren_outbox
      WHERE published_at IS NULL AND failed_at IS NULL
      ORDER BY id
@@ -143,8 +144,9 @@ impl SqlDialect for Postgres {
              RETURNING runs",
         solo_run_count: None,
         clear_solo_runs: "DELETE FROM warren_solo_runs WHERE consumer_name = $1 AND message_id = $2",
-        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
-             VALUES ($1, $2, $3, $4, $5)",
+        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body,
+                 causation_id, traceparent, tracestate, baggage)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         // Delivered only if and when the transaction commits.
         notify_outbox: Some("SELECT pg_notify('warren_outbox', '')"),
         mark_published: "UPDATE warren_outbox SET published_at = clock_timestamp(), attempts = attempts + 1
@@ -238,6 +240,11 @@ impl SqlDialect for Postgres {
                 version: 8,
                 name: "dead letters",
                 sql: include_str!("migrations/postgres/0008_dead_letters.sql"),
+            },
+            Migration {
+                version: 9,
+                name: "outbox trace context",
+                sql: include_str!("migrations/postgres/0009_outbox_trace.sql"),
             },
         ],
     };

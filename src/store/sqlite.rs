@@ -111,7 +111,9 @@ const TAKE_BATCH: &str = "UPDATE warren_outbox SET lease_until = ?1
           AND (lease_until IS NULL OR lease_until < ?2)
         ORDER BY id
         LIMIT ?3)
-     RETURNING id, message_id, exchange, routing_key, properties, body, attempts";
+     RETURNING id, message_id, exchange, routing_key, properties, body, attempts,
+        CAST(ROUND((julianday(created_at) - 2440587.5) * 86400000.0) AS INTEGER),
+        traceparent, tracestate, baggage";
 
 impl SqlDialect for Sqlite {
     super::sql::shared_hooks!(Sqlite, SqliteConnection);
@@ -142,8 +144,9 @@ impl SqlDialect for Sqlite {
              RETURNING runs",
         solo_run_count: None,
         clear_solo_runs: "DELETE FROM warren_solo_runs WHERE consumer_name = ?1 AND message_id = ?2",
-        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+        insert_outbox: "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body,
+                 causation_id, traceparent, tracestate, baggage)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         notify_outbox: None,
         mark_published: "UPDATE warren_outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
              attempts = attempts + 1, lease_until = NULL
@@ -243,6 +246,11 @@ impl SqlDialect for Sqlite {
                 version: 9,
                 name: "dead letters",
                 sql: include_str!("migrations/sqlite/0009_dead_letters.sql"),
+            },
+            Migration {
+                version: 10,
+                name: "outbox trace context",
+                sql: include_str!("migrations/sqlite/0010_outbox_trace.sql"),
             },
         ],
     };

@@ -9,6 +9,7 @@ use crate::envelope::Metadata;
 use crate::failure::{HandlerError, VersionGap};
 use crate::outbox_row::NewOutboxRow;
 use crate::outgoing::Outgoing;
+use crate::trace_context::TraceContext;
 use crate::version::{self, Gated, Verdict, VersionMode};
 
 /// The open database transaction a handler writes in.
@@ -20,6 +21,8 @@ pub struct Tx<DB: Database> {
     inner: sqlx::Transaction<'static, DB>,
     /// The message being handled, whose ids outgoing messages carry on.
     cause: Option<Metadata>,
+    /// The trace context outgoing messages continue: the handler's.
+    trace: TraceContext,
     /// Outbox rows written, so the relay can be woken after the commit.
     enqueued: usize,
     /// What the version gate saw.
@@ -38,6 +41,7 @@ impl<DB: Database> Tx<DB> {
         Self {
             inner,
             cause: None,
+            trace: TraceContext::default(),
             enqueued: 0,
             gated: Gated::default(),
             restore: None,
@@ -50,8 +54,9 @@ impl<DB: Database> Tx<DB> {
         self.restore = Some(restore);
     }
 
-    pub(crate) fn set_cause(&mut self, cause: Metadata) {
+    pub(crate) fn set_cause(&mut self, cause: Metadata, trace: TraceContext) {
         self.cause = Some(cause);
+        self.trace = trace;
     }
 
     pub(crate) fn enqueued(&self) -> usize {
@@ -203,18 +208,24 @@ impl<DB: Dialect> Tx<DB> {
     /// Writes `message` to the outbox in this transaction, for the relay to publish
     /// to `exchange` with `routing_key` after the commit. Inside a handler the
     /// message is marked as caused by the message being handled (its correlation
-    /// id carried over, its causation id set to the incoming message id). Returns
-    /// the outgoing message id, fixed now and never regenerated.
+    /// id carried over, its causation id set to the incoming message id) and
+    /// continues its trace, unless the message has a trace context of its own.
+    /// The context is captured now, with the row, so that the relay publishes
+    /// each row with the context of the handler that wrote it. Returns the
+    /// outgoing message id, fixed now and never regenerated.
     pub async fn publish(
         &mut self,
         exchange: &str,
         routing_key: &str,
         message: Outgoing,
     ) -> Result<String, StoreError> {
-        let message = match &self.cause {
+        let mut message = match &self.cause {
             Some(cause) => message.caused_by(cause),
             None => message,
         };
+        if message.trace_context().is_empty() && !self.trace.is_empty() {
+            message = message.with_trace_context(self.trace.clone());
+        }
         insert_outbox::<DB>(&mut self.inner, exchange, routing_key, &message).await?;
         self.enqueued += 1;
         Ok(message.meta().message_id.clone())

@@ -23,6 +23,7 @@ where
     D::Arguments: IntoArguments<D>,
     for<'s> &'s str: Encode<'s, D> + Type<D>,
     for<'s> &'s [u8]: Encode<'s, D> + Type<D>,
+    for<'s> Option<&'s str>: Encode<'s, D> + Type<D>,
 {
     sqlx::query(D::SQL.insert_outbox)
         .bind(row.message_id)
@@ -30,6 +31,10 @@ where
         .bind(row.routing_key)
         .bind(row.properties.as_str())
         .bind(row.body.as_slice())
+        .bind(row.causation_id)
+        .bind(row.trace.traceparent())
+        .bind(row.trace.tracestate())
+        .bind(row.trace.baggage())
         .execute(&mut *conn)
         .await?;
     if let Some(notify) = D::SQL.notify_outbox {
