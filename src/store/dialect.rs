@@ -81,7 +81,8 @@ pub struct Statements {
     pub solo_run_count: Option<&'static str>,
     /// (consumer, message id): forgets the solo-run count.
     pub clear_solo_runs: &'static str,
-    /// (message id, exchange, routing key, properties, body): one outbox row.
+    /// (message id, exchange, routing key, properties, body, causation id,
+    /// traceparent, tracestate, baggage): one outbox row.
     pub insert_outbox: &'static str,
     /// Run after each outbox insert, in the same transaction, to wake relays in
     /// other processes at commit; `None` where the database cannot.
@@ -105,6 +106,16 @@ pub struct Statements {
     pub retry_failed_id: &'static str,
     /// (cutoff, batch): deletes up to `batch` rows published before the cutoff.
     pub delete_published_before: &'static str,
+    /// (message id): consumer, event type, received at, processed at of each
+    /// consumer's inbox row of the message.
+    pub trail_inbox: &'static str,
+    /// (message id, limit): consumer, replay id, outcome, detail, time of
+    /// each journaled outcome of the message, in the order written.
+    pub trail_journal: &'static str,
+    /// (message id, message id): the outbox rows of the message or caused by
+    /// it: id, message id, causation id, exchange, routing key, properties,
+    /// written, published, failed, attempts, last error, traceparent.
+    pub trail_outbox: &'static str,
     /// (name, value): stores a setting unless one of that name exists.
     pub insert_setting: &'static str,
     /// (name): reads a setting.
@@ -298,6 +309,9 @@ impl Statements {
             ("retry_all_failed", self.retry_all_failed, 0),
             ("retry_failed_id", self.retry_failed_id, 1),
             ("delete_published_before", self.delete_published_before, 2),
+            ("trail_inbox", self.trail_inbox, 1),
+            ("trail_journal", self.trail_journal, 2),
+            ("trail_outbox", self.trail_outbox, 2),
             ("insert_setting", self.insert_setting, 2),
             ("select_setting", self.select_setting, 1),
             ("lease_ensure", self.lease_ensure, 2),

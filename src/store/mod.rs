@@ -50,6 +50,7 @@ pub(crate) mod postgres;
 mod sql;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+mod trail;
 pub(crate) mod tx;
 
 pub use capabilities::{ConsumerStore, Lease, LeaseStep, Leases, Retention, SigningKey, SoloRuns};
@@ -66,6 +67,7 @@ pub use inbox::{InboxEntry, Store};
 pub use journal::{Journal, JournalEntry};
 pub use outbox::{OutboxCounts, OutboxListener, OutboxStore};
 pub use sql::SqlStore;
+pub use trail::{InboxRecord, OutboxRecord, Trail};
 
 pub(crate) use error::is_after_abort;
 // The root names it (`warren::Tx`); inside, it is the store's.

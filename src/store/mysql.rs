@@ -160,6 +160,28 @@ impl SqlDialect for MySql {
         retry_failed_id: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL AND id = ?",
         delete_published_before: "DELETE FROM warren_outbox
              WHERE published_at < ? ORDER BY published_at LIMIT ?",
+        // Consumers are found by skipping through the primary key's (or the
+        // journal index's) leading column, one lookup each, so that a message
+        // is looked up by key in each consumer's rows, not by a scan.
+        trail_inbox: "WITH RECURSIVE consumers(name) AS (
+                SELECT MIN(consumer_name) FROM warren_inbox
+                UNION ALL
+                SELECT (SELECT MIN(consumer_name) FROM warren_inbox WHERE consumer_name > c.name)
+                FROM consumers c WHERE c.name IS NOT NULL)
+             SELECT CAST(i.consumer_name AS CHAR), i.event_type, i.received_at, i.processed_at
+             FROM consumers c JOIN warren_inbox i ON i.consumer_name = c.name AND i.message_id = ?
+             ORDER BY i.processed_at",
+        trail_journal: "WITH RECURSIVE consumers(name) AS (
+                SELECT MIN(consumer_name) FROM warren_journal
+                UNION ALL
+                SELECT (SELECT MIN(consumer_name) FROM warren_journal WHERE consumer_name > c.name)
+                FROM consumers c WHERE c.name IS NOT NULL)
+             SELECT j.consumer_name, j.replay_id, j.outcome, j.detail, j.at
+             FROM consumers c JOIN warren_journal j ON j.consumer_name = c.name AND j.message_id = ?
+             ORDER BY j.id LIMIT ?",
+        trail_outbox: "SELECT id, CAST(message_id AS CHAR), CAST(causation_id AS CHAR), exchange, routing_key, properties,
+                    created_at, published_at, failed_at, attempts, last_error, traceparent
+             FROM warren_outbox WHERE message_id = ? OR causation_id = ? ORDER BY id",
         insert_setting: "INSERT INTO warren_settings (name, value) VALUES (?, ?)
              ON DUPLICATE KEY UPDATE name = name",
         select_setting: "SELECT value FROM warren_settings WHERE name = ?",

@@ -166,6 +166,28 @@ impl SqlDialect for Postgres {
         retry_failed_id: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL AND id = $1",
         delete_published_before: "DELETE FROM warren_outbox WHERE id IN (
                 SELECT id FROM warren_outbox WHERE published_at < $1 LIMIT $2)",
+        // Consumers are found by skipping through the primary key's (or the
+        // journal index's) leading column, one lookup each, so that a message
+        // is looked up by key in each consumer's rows, not by a scan.
+        trail_inbox: "WITH RECURSIVE consumers(name) AS (
+                SELECT MIN(consumer_name) FROM warren_inbox
+                UNION ALL
+                SELECT (SELECT MIN(consumer_name) FROM warren_inbox WHERE consumer_name > c.name)
+                FROM consumers c WHERE c.name IS NOT NULL)
+             SELECT i.consumer_name, i.event_type, i.received_at, i.processed_at
+             FROM consumers c JOIN warren_inbox i ON i.consumer_name = c.name AND i.message_id = $1
+             ORDER BY i.processed_at",
+        trail_journal: "WITH RECURSIVE consumers(name) AS (
+                SELECT MIN(consumer_name) FROM warren_journal
+                UNION ALL
+                SELECT (SELECT MIN(consumer_name) FROM warren_journal WHERE consumer_name > c.name)
+                FROM consumers c WHERE c.name IS NOT NULL)
+             SELECT j.consumer_name, j.replay_id, j.outcome, j.detail, j.at
+             FROM consumers c JOIN warren_journal j ON j.consumer_name = c.name AND j.message_id = $1
+             ORDER BY j.id LIMIT $2",
+        trail_outbox: "SELECT id, message_id, causation_id, exchange, routing_key, properties,
+                    created_at, published_at, failed_at, attempts, last_error, traceparent
+             FROM warren_outbox WHERE message_id = $1 OR causation_id = $2 ORDER BY id",
         insert_setting: "INSERT INTO warren_settings (name, value) VALUES ($1, $2)
              ON CONFLICT (name) DO NOTHING",
         select_setting: "SELECT value FROM warren_settings WHERE name = $1",

@@ -272,6 +272,7 @@ macro_rules! run_built {
 mod dead_letters;
 mod journal;
 mod outbox;
+mod trail;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) use outbox::insert_outbox;
 

@@ -82,6 +82,26 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: InboxCommand,
     },
+    /// What happened to one message: when each consumer received and applied
+    /// it, its retries, duplicates and dead letters (from the delivery
+    /// journal and the dead-letter store), and the outbox events it caused,
+    /// with whether each was published. From the databases alone.
+    Trace {
+        /// The message id.
+        message_id: String,
+        /// postgres://..., mysql://... or sqlite://PATH; repeat it to look in
+        /// several services' databases (each is searched for every message
+        /// of the chain). The password is never printed.
+        #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true, required = true, value_parser = DatabaseUrlParser)]
+        database_urls: Vec<DatabaseUrl>,
+        /// Trace each event the message caused too, and theirs, through
+        /// every database given.
+        #[arg(long)]
+        follow: bool,
+        /// Print JSON instead of the tree.
+        #[arg(long)]
+        json: bool,
+    },
     /// The transactional outbox in a database.
     Outbox {
         /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.

@@ -14,6 +14,7 @@ use crate::dlq::run_dlq;
 use crate::inbox::run_inbox;
 use crate::outbox::run_outbox;
 use crate::topology::print_topology;
+use crate::trace::run_trace;
 
 /// Opens the store a URL names and runs `$body` with `$store` bound to it. A
 /// missing SQLite file is an error here, not a new empty database.
@@ -95,6 +96,12 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             database_url,
             command,
         } => with_store!(&database_url, |store| run_outbox(&store, command))?,
+        Command::Trace {
+            message_id,
+            database_urls,
+            follow,
+            json,
+        } => run_trace(&database_urls, &message_id, follow, json).await?,
         Command::Inbox {
             database_url,
             command,

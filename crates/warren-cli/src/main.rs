@@ -20,6 +20,7 @@ mod inbox;
 mod outbox;
 mod print;
 mod topology;
+mod trace;
 
 use cli::Cli;
 

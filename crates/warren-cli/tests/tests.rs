@@ -15,3 +15,4 @@ mod console;
 mod console_support;
 mod console_tls;
 mod dead_letters;
+mod trace;

@@ -1,0 +1,138 @@
+//! `warren trace`: one message's story from two services' databases: a retry,
+//! a duplicate delivery, the event its handler wrote, and that event applied
+//! by a downstream consumer with a database of its own.
+
+use std::time::Duration;
+
+use warren::{Consumer, RelayConfig};
+
+use crate::cli::{text, warren};
+use crate::util::{Backend, Job, Mode, Running, TestBroker, routes, wait_for};
+
+on_all_backends!(trace_tells_a_retry_a_duplicate_and_the_event_downstream);
+
+fn outcomes(journal: &serde_json::Value, consumer: &str) -> Vec<String> {
+    journal
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["consumer"] == consumer)
+        .map(|j| j["outcome"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn trace_tells_a_retry_a_duplicate_and_the_event_downstream<B: Backend>() {
+    let upstream_db = B::create().await;
+    let downstream_db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let upstream_name = broker.config().name().to_owned();
+    let downstream_name = broker.downstream_config().name().to_owned();
+
+    // Fails once (a retry through a tier), then applies and writes one event.
+    let job = Job::with(Mode::Transient { n: 1 }).emitting(1, &broker.exchange);
+    let message = TestBroker::message(&job);
+    let message_id = message.meta().message_id.clone();
+    broker.publish(&message).await;
+    let relay = RelayConfig::new(format!("{}-relay", broker.name))
+        .with_poll_interval(Duration::from_millis(200));
+    let upstream = Running::start_with_relay(
+        Consumer::new(broker.config(), upstream_db.store.clone(), routes::<B>()),
+        relay,
+    );
+    let downstream = Running::start(Consumer::new(
+        broker.downstream_config(),
+        downstream_db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(upstream.settled(1, Duration::from_secs(60)).await);
+    // The same message again: a duplicate, which writes nothing but its
+    // journal entry.
+    broker.publish(&message).await;
+    assert!(upstream.settled(2, Duration::from_secs(60)).await);
+    assert!(downstream.settled(1, Duration::from_secs(60)).await);
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&capture).await == 0
+        })
+        .await
+    );
+    // Stopping flushes the journal.
+    upstream.stop().await.unwrap();
+    downstream.stop().await.unwrap();
+
+    let out = warren(&[
+        "trace",
+        &message_id,
+        "--database-url",
+        &upstream_db.url,
+        "--database-url",
+        &downstream_db.url,
+        "--follow",
+        "--json",
+    ])
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(tree["message_id"], message_id.as_str());
+    let received = tree["received"].as_array().unwrap();
+    assert_eq!(received.len(), 1, "applied once: {tree:#}");
+    assert_eq!(received[0]["consumer"], upstream_name.as_str());
+    let mut seen = outcomes(&tree["journal"], &upstream_name);
+    seen.sort();
+    assert_eq!(seen, ["duplicate", "retried"], "{tree:#}");
+    let caused = tree["caused"].as_array().unwrap();
+    assert_eq!(caused.len(), 1, "one event: {tree:#}");
+    let event = &caused[0];
+    assert_eq!(event["event_type"], "test.out");
+    assert!(event["published_at"].is_string(), "published: {event:#}");
+    assert!(event["traceparent"].is_null(), "no context came in");
+    // Followed into the downstream database.
+    let trail = &event["trail"];
+    assert_eq!(trail["message_id"], event["message_id"]);
+    let applied = trail["received"].as_array().unwrap();
+    assert_eq!(applied.len(), 1, "{trail:#}");
+    assert_eq!(applied[0]["consumer"], downstream_name.as_str());
+    assert!(
+        trail["published_by"]["row_id"].is_i64(),
+        "the event's own row is found upstream: {trail:#}"
+    );
+
+    // The same as a tree.
+    let out = warren(&[
+        "trace",
+        &message_id,
+        "--database-url",
+        &upstream_db.url,
+        "--database-url",
+        &downstream_db.url,
+        "--follow",
+    ])
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    for expected in [
+        format!("message {message_id}"),
+        format!("consumer {upstream_name}"),
+        format!("consumer {downstream_name}"),
+        "retried: attempt 1 of a flaky job".to_owned(),
+        " duplicate".to_owned(),
+        " applied (received ".to_owned(),
+        "caused event ".to_owned(),
+        ": published ".to_owned(),
+    ] {
+        assert!(stdout.contains(&expected), "{expected:?} not in:\n{stdout}");
+    }
+
+    // A message nobody has seen says so, and is no error.
+    let out = warren(&["trace", "no-such-id", "--database-url", &upstream_db.url]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("never received by a consumer"), "{stdout}");
+
+    broker.cleanup().await;
+    upstream_db.drop_db().await;
+    downstream_db.drop_db().await;
+}
