@@ -426,7 +426,7 @@ mod tests {
         check_statements::<sqlx::Postgres>();
         super::super::migrations::check_list(
             &sqlx::Postgres::MIGRATIONS,
-            &[2, 1, 3, 2, 1, 3, 4, 18],
+            &[2, 1, 3, 2, 1, 3, 4, 18, 5],
         );
     }
 
@@ -436,7 +436,7 @@ mod tests {
         check_statements::<sqlx::Sqlite>();
         super::super::migrations::check_list(
             &sqlx::Sqlite::MIGRATIONS,
-            &[2, 1, 3, 1, 2, 1, 3, 5, 17],
+            &[2, 1, 3, 1, 2, 1, 3, 5, 17, 5],
         );
     }
 }
