@@ -128,6 +128,8 @@ mod idempotency;
 mod message;
 pub mod outbox;
 mod outbox_row;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod outgoing;
 pub mod partition;
 mod pipeline;
@@ -138,6 +140,7 @@ mod relay_config;
 mod retention;
 pub mod retry;
 mod shutdown;
+mod spans;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]

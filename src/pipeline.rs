@@ -35,6 +35,7 @@ use crate::partition::{self, KeyError};
 use crate::registry::Registry;
 use crate::store::{Journal, SoloRuns, Store};
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
+use crate::spans;
 use crate::trace_context::TraceContext;
 use crate::version::GatedVersion;
 
@@ -82,6 +83,8 @@ struct Admitted {
     /// The W3C trace context it carried, checked: what its handler's outbox
     /// rows continue.
     trace: TraceContext,
+    /// Its span, from receipt to settlement (ended when this is dropped).
+    span: tracing::Span,
 }
 
 /// A delivery that passed validation and routing, waiting for its unit of
@@ -228,6 +231,13 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             .map_or(partition::DEFAULT_PARTITION_HEADER, |p| p.header.as_str());
         let key = partition::key_of(headers, key_header);
         let trace = TraceContext::from_headers(headers);
+        let span = spans::process(
+            &self.config.name,
+            &self.config.queue,
+            &delivery.routing_key,
+            delivery.message_id(),
+            &trace,
+        );
         self.telemetry.in_flight(1.0);
         self.record_age(&delivery, received_at);
         Admitted {
@@ -237,6 +247,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             started,
             received_at,
             trace,
+            span,
         }
     }
 

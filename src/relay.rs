@@ -379,6 +379,9 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
     let mut outcomes: Vec<Option<RowOutcome>> = Vec::with_capacity(rows.len());
     let mut items: Vec<BatchItem<'_>> = Vec::with_capacity(rows.len());
     let mut item_rows = Vec::with_capacity(rows.len());
+    // Each published row's spans (with the `otel` feature), ended with its
+    // outcome: what the next consumer continues is the publish span's context.
+    let mut row_spans = Vec::with_capacity(rows.len());
     // A row to an exchange that does not exist is failed before anything is
     // published: sent along, it would close the channel the others ride on.
     let mut missing = std::collections::HashSet::new();
@@ -404,10 +407,12 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
             ))));
             continue;
         }
-        match r.to_amqp(&r.trace, Utc::now()) {
+        let (spans, send) = RowSpans::start(&r.trace, r.written_at, &r.exchange, &r.message_id);
+        match r.to_amqp(&send, Utc::now()) {
             Ok(properties) => {
                 outcomes.push(None);
                 item_rows.push(i);
+                row_spans.push(spans);
                 items.push(BatchItem {
                     exchange: &r.exchange,
                     routing_key: &r.routing_key,
@@ -416,6 +421,7 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
                 });
             }
             Err(e) => {
+                spans.end(Some("cannot be published"));
                 tracing::error!(
                     row_id = r.id,
                     error = %e,
@@ -468,8 +474,9 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
         }
     }
     failpoint::hit("relay-after-publish-before-mark");
-    for (i, result) in item_rows.into_iter().zip(results) {
+    for ((i, result), spans) in item_rows.into_iter().zip(results).zip(row_spans) {
         let row = &rows[i];
+        spans.end(result.as_ref().err().map(|e| e.to_string()).as_deref());
         outcomes[i] = Some(match result {
             Ok(()) => RowOutcome::Published,
             Err(e) if e.is_unroutable() || e.is_not_found() || e.is_invalid() => {
@@ -493,4 +500,26 @@ async fn publish_rows_inner(publisher: &Publisher, rows: &[OutboxRow]) -> Vec<(i
             )
         })
         .collect()
+}
+
+#[cfg(feature = "otel")]
+use crate::otel::RowSpans;
+
+/// Without the `otel` feature a row has no spans, and goes out with the
+/// context stored with it.
+#[cfg(not(feature = "otel"))]
+struct RowSpans;
+
+#[cfg(not(feature = "otel"))]
+impl RowSpans {
+    fn start(
+        stored: &crate::trace_context::TraceContext,
+        _written_at: Option<chrono::DateTime<Utc>>,
+        _exchange: &str,
+        _message_id: &str,
+    ) -> (Self, crate::trace_context::TraceContext) {
+        (Self, stored.clone())
+    }
+
+    fn end(self, _error: Option<&str>) {}
 }

@@ -5,6 +5,9 @@
 //! (`consumer_messages_processed_total` and friends), labelled by consumer and
 //! queue; install any `metrics` recorder to export them.
 
+/// The target of warren's spans: `warren::trace=off` in a log filter keeps
+/// them out of the log lines (see `docs/tracing.md`).
+pub use crate::spans::TARGET as SPAN_TARGET;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

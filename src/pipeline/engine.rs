@@ -46,6 +46,9 @@
 //!   messages it has not run, commits the rest, and leaves those to the next
 //!   unit.
 
+use tracing::Instrument;
+
+use crate::spans;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
@@ -240,7 +243,14 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             Err(e) => return store_failed(e),
         };
         let indices: Vec<usize> = members.iter().map(|m| m.index).collect();
-        let claimed = match self.claim(&mut tx, ready, &indices).await {
+        let member_spans: Vec<&tracing::Span> =
+            indices.iter().map(|&i| &ready[i].admitted.span).collect();
+        let unit_span = spans::unit(&member_spans, solo);
+        let claimed = match self
+            .claim(&mut tx, ready, &indices)
+            .instrument(spans::step(&unit_span, "inbox claim"))
+            .await
+        {
             Ok(claimed) => claimed,
             Err(e) => return rolled_back(tx, store_failed(e)).await,
         };
@@ -268,11 +278,16 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                         return rolled_back(tx, Run::FailedAt(pos, failure, None)).await;
                     }
                 };
-                tx.set_cause(this.meta.clone(), this.admitted.trace.clone());
+                let handler_span = spans::handler(&this.admitted.span, &this.meta.event_type);
+                let trace = spans::context_of(&handler_span, &this.admitted.trace);
+                tx.set_cause(this.meta.clone(), trace);
                 if savepoints && let Err(e) = tx.savepoint().await {
                     return rolled_back(tx, store_failed(e)).await;
                 }
-                let called = AssertUnwindSafe(call.call(&mut tx)).catch_unwind().await;
+                let called = AssertUnwindSafe(call.call(&mut tx))
+                    .catch_unwind()
+                    .instrument(handler_span)
+                    .await;
                 let gated = tx.take_gated();
                 let failure = match called {
                     Ok(Ok(())) if savepoints => match tx.release_savepoint().await {
@@ -349,7 +364,9 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         {
             return rolled_back(tx, store_failed(e)).await;
         }
-        self.commit(tx, results, several).await
+        self.commit(tx, results, several)
+            .instrument(spans::step(&unit_span, "commit"))
+            .await
     }
 
     /// The journal rows of the unit's applied (and stale) outcomes that ride

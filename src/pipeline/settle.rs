@@ -1,6 +1,10 @@
 //! Settling: carrying out each [`Disposition`] with the broker, through the
 //! port. The only place a delivery's outcome reaches the broker.
 
+use tracing::Instrument;
+
+use crate::spans;
+use crate::trace_context::TraceContext;
 use futures_util::future::join_all;
 use lapin::BasicProperties;
 
@@ -33,11 +37,17 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             .into_iter()
             .partition(|f| matches!(f.disposition, Disposition::Ack(_)));
         let tags: Vec<u64> = acked.iter().map(|f| f.admitted.delivery.tag).collect();
+        // One ack settles them all; each delivery's trace shows it.
+        let ack_spans: Vec<tracing::Span> = acked
+            .iter()
+            .map(|f| spans::settle(&f.admitted.span, "ack"))
+            .collect();
         if !tags.is_empty() && port.ack_all(&tags).await.is_err() {
             for f in &acked {
                 self.telemetry.ack_lost(f.admitted.delivery.message_id());
             }
         }
+        drop(ack_spans);
         let mut outcomes = Vec::with_capacity(acked.len() + others.len());
         for f in &acked {
             let Disposition::Ack(applied) = f.disposition else {
@@ -61,8 +71,10 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// applied path cleared them in its own transaction.)
     async fn settle(&self, port: &dyn Port, f: &Finished) -> Outcome {
         let gated = f.gated.as_ref();
+        let span = spans::settle(&f.admitted.span, settle_name(&f.disposition));
         let outcome = self
             .carry_out(port, &f.admitted.delivery, f.disposition.clone(), gated)
+            .instrument(span)
             .await;
         if f.suspect
             && let Some(meta) = &f.meta
@@ -208,6 +220,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         target: &str,
         properties: BasicProperties,
     ) -> bool {
+        let properties = continue_trace(properties);
         match port.publish(target, &delivery.body, properties).await {
             Ok(()) => {
                 self.ack(port, delivery).await;
@@ -328,6 +341,34 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
 }
 
 /// 1, 10, 100, ...
+/// The name of the span that settles a delivery this way.
+fn settle_name(disposition: &Disposition) -> &'static str {
+    match disposition {
+        Disposition::Ack(_) => "ack",
+        Disposition::Forward { .. } => "forward publish",
+        Disposition::Retry { .. } => "retry publish",
+        Disposition::DeadLetter { .. } => "dead-letter publish",
+        Disposition::Park { .. } => "park publish",
+        Disposition::Return { .. } => "return to queue",
+        Disposition::Requeue { .. } => "requeue",
+    }
+}
+
+/// A copy warren publishes (retry, park, dead letter, forward) continues
+/// the trace from the span that publishes it, so that the delivery of the
+/// copy is that span's child; without OpenTelemetry it keeps the context the
+/// original carried.
+fn continue_trace(properties: BasicProperties) -> BasicProperties {
+    let carried = TraceContext::from_headers(properties.headers().as_ref());
+    let next = spans::context_of(&tracing::Span::current(), &carried);
+    if next == carried {
+        return properties;
+    }
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    next.write_headers(&mut headers);
+    properties.with_headers(headers)
+}
+
 fn is_power_of_ten(mut n: u64) -> bool {
     while n >= 10 && n.is_multiple_of(10) {
         n /= 10;
