@@ -126,10 +126,10 @@ pub mod handler;
 pub mod headers;
 mod idempotency;
 mod message;
-pub mod outbox;
-mod outbox_row;
 #[cfg(feature = "otel")]
 pub mod otel;
+pub mod outbox;
+mod outbox_row;
 mod outgoing;
 pub mod partition;
 mod pipeline;

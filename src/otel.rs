@@ -25,8 +25,8 @@
 use std::time::SystemTime;
 
 use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
-    TraceState, Tracer as _, TracerProvider as _,
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
@@ -51,9 +51,12 @@ impl Otel {
     /// `None` when no OTLP endpoint is set. It is also made the global
     /// tracer provider, which the outbox relay's spans use.
     pub fn from_env(service_name: &str) -> Result<Option<Self>, String> {
-        let endpoint = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
-            .into_iter()
-            .any(|name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty()));
+        let endpoint = [
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ]
+        .into_iter()
+        .any(|name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty()));
         if !endpoint {
             return Ok(None);
         }

@@ -33,9 +33,9 @@ use crate::handler::BoundCall;
 use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, HEADER_PUBLISHED_AT_MS, Signer};
 use crate::partition::{self, KeyError};
 use crate::registry::Registry;
+use crate::spans;
 use crate::store::{Journal, SoloRuns, Store};
 use crate::telemetry::{MessageFields, Outcome, Telemetry};
-use crate::spans;
 use crate::trace_context::TraceContext;
 use crate::version::GatedVersion;
 

@@ -12,6 +12,7 @@ mod config;
 mod credit;
 mod db;
 mod demo;
+mod downstream;
 mod handlers;
 mod http;
 mod scratch;
@@ -177,6 +178,10 @@ enum Command {
     },
     /// Counts from the database and the queues.
     Status,
+    /// Stand in for the service downstream of billing: consume the
+    /// invoice-payment-recorded events from `P.downstream` into the inbox of
+    /// the database given, until SIGTERM or SIGINT.
+    Downstream,
     /// Several `billing run` processes, a stream, and faults at random from a
     /// seed; then the invariants. Needs a build with --features failpoints.
     Chaos {
@@ -302,26 +307,75 @@ impl Cli {
     }
 }
 
-fn init_logging(format: Option<LogFormat>, default_level: &str) {
+/// Logs to stderr, and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (and
+/// billing is built with its default `otel` feature), warren's spans over
+/// OTLP/HTTP. The spans stay out of the log lines, which carry the same ids.
+fn init_logging(format: Option<LogFormat>, default_level: &str) -> Result<Option<Otel>, String> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // After RUST_LOG, so that no setting lets payloads into the logs.
     for directive in warren::telemetry::PAYLOAD_SAFE_LOG_DIRECTIVES {
         filter = filter.add_directive(directive.parse().expect("warren's directives parse"));
     }
+    let spans_off = format!("{}=off", warren::telemetry::SPAN_TARGET);
+    filter = filter.add_directive(spans_off.parse().expect("a valid directive"));
     let json = match format {
         Some(LogFormat::Json) => true,
         Some(LogFormat::Text) => false,
         None => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
-    if json {
-        builder.json().init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if json {
+        fmt.json().with_filter(filter).boxed()
     } else {
-        builder.init();
+        fmt.with_filter(filter).boxed()
+    };
+    let otel = otel_from_env()?;
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel.as_ref().map(otel_layer))
+        .init();
+    Ok(otel)
+}
+
+#[cfg(feature = "otel")]
+type Otel = warren::otel::Otel;
+
+#[cfg(feature = "otel")]
+fn otel_from_env() -> Result<Option<Otel>, String> {
+    Otel::from_env("billing")
+}
+
+#[cfg(feature = "otel")]
+fn otel_layer<S>(otel: &Otel) -> impl tracing_subscriber::Layer<S> + use<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    otel.layer()
+}
+
+/// Built without the `otel` feature: the variable is refused rather than
+/// ignored, so that nobody waits for traces that never come.
+#[cfg(not(feature = "otel"))]
+enum Otel {}
+
+#[cfg(not(feature = "otel"))]
+fn otel_from_env() -> Result<Option<Otel>, String> {
+    match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Ok(v) if !v.trim().is_empty() => Err(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set, but this billing is built without the otel feature"
+                .into(),
+        ),
+        _ => Ok(None),
     }
+}
+
+#[cfg(not(feature = "otel"))]
+fn otel_layer(otel: &Otel) -> tracing_subscriber::layer::Identity {
+    match *otel {}
 }
 
 /// `billing bench`: warnings to stderr, and warren's per-message events to the
@@ -461,6 +515,22 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             println!("  seed        {}", spec.seed);
             Ok(true)
         }
+        Command::Downstream => {
+            let signal = warren::shutdown_signal();
+            let settings = cli.settings(RetryPolicy::default());
+            let db = db::open(&cli.database_url_or_default(), None, pool).await?;
+            db::with_store!(db, |store: B| {
+                downstream::run::<<B as db::BillingDb>::S>(
+                    store,
+                    &cli.amqp_url,
+                    &cli.names(),
+                    &settings,
+                    signal,
+                )
+                .await?;
+            });
+            Ok(true)
+        }
         Command::Status => {
             let names = cli.names();
             let url = cli.database_url_or_default();
@@ -595,17 +665,26 @@ fn main() -> ExitCode {
         }
     };
     let level = match cli.command {
-        Command::Run => warren::telemetry::DEFAULT_LOG_FILTER,
+        Command::Run | Command::Downstream => warren::telemetry::DEFAULT_LOG_FILTER,
         // The demo's output is its progress and its table; warren's per-message
         // logs (RUST_LOG=warren=info) would drown them.
         Command::Demo { .. } | Command::Chaos { .. } => "off",
         _ => "warn,lapin=off",
     };
-    if let Command::Bench { .. } = cli.command {
+    // Kept until the end of main: dropping it exports the spans still
+    // buffered.
+    let _otel = if let Command::Bench { .. } = cli.command {
         init_bench_logging();
+        None
     } else {
-        init_logging(cfg.log_format, level);
-    }
+        match init_logging(cfg.log_format, level) {
+            Ok(otel) => otel,
+            Err(message) => {
+                eprintln!("billing: {message}");
+                return ExitCode::from(2);
+            }
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
