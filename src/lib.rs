@@ -91,6 +91,8 @@ pub mod guide {
     pub mod ordering {}
     #[doc = include_str!("../docs/production.md")]
     pub mod production {}
+    #[doc = include_str!("../docs/tracing.md")]
+    pub mod tracing {}
     #[doc = include_str!("../docs/cli.md")]
     pub mod cli {}
     #[doc = include_str!("../docs/tls.md")]

@@ -378,9 +378,12 @@ fn otel_layer(otel: &Otel) -> tracing_subscriber::layer::Identity {
     match *otel {}
 }
 
-/// `billing bench`: warnings to stderr, and warren's per-message events to the
-/// latency probe only.
-fn init_bench_logging() {
+/// `billing bench`: warnings to stderr, warren's per-message events to the
+/// latency probe only, and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set,
+/// warren's spans exported (the benchmark's "tracing on";
+/// `benches/otel_overhead.sh` compares it with tracing off and with a build
+/// without the `otel` feature).
+fn init_bench_logging() -> Result<Option<Otel>, String> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{Layer, filter};
@@ -405,10 +408,13 @@ fn init_bench_logging() {
                 )
                 .with_target("billing", tracing::Level::WARN),
         );
+    let otel = otel_from_env()?;
     tracing_subscriber::registry()
         .with(probe)
         .with(warnings)
+        .with(otel.as_ref().map(otel_layer))
         .init();
+    Ok(otel)
 }
 
 /// Binds the console (failing at once, saying what to fix) and serves it
@@ -673,16 +679,16 @@ fn main() -> ExitCode {
     };
     // Kept until the end of main: dropping it exports the spans still
     // buffered.
-    let _otel = if let Command::Bench { .. } = cli.command {
-        init_bench_logging();
-        None
+    let logging = if let Command::Bench { .. } = cli.command {
+        init_bench_logging()
     } else {
-        match init_logging(cfg.log_format, level) {
-            Ok(otel) => otel,
-            Err(message) => {
-                eprintln!("billing: {message}");
-                return ExitCode::from(2);
-            }
+        init_logging(cfg.log_format, level)
+    };
+    let _otel = match logging {
+        Ok(otel) => otel,
+        Err(message) => {
+            eprintln!("billing: {message}");
+            return ExitCode::from(2);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

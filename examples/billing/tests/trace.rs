@@ -1,6 +1,7 @@
 //! The trace chain across three processes: this test publishes an invoice as
-//! the producer (its span the trace's root), `billing run` applies it and
-//! writes its event to the outbox, and `billing downstream`, another process
+//! the producer (its span the trace's root), `billing run` fails it twice
+//! (each time through a retry tier), then applies it and writes its event to
+//! the outbox, and `billing downstream`, another process
 //! with a database of its own, applies the event. billing's relay is refused
 //! the publish (its broker user may not write to the exchange) and billing
 //! is stopped with the row committed and unpublished; a second `billing run`
@@ -8,7 +9,7 @@
 //! processes export their spans over OTLP/HTTP (JSON) to a receiver this test
 //! runs, and the chain is read off the spans: producer, consumer, handler,
 //! outbox wait, relay publish, downstream consumer, each the parent of the
-//! next.
+//! next, with each retry's delivery the child of the retry publish before it.
 
 mod common;
 
@@ -202,7 +203,9 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
     };
 
     let mut first = billing();
+    let tiers = ["--retry-tiers", "200ms,200ms,200ms"];
     first.args(["--database-url", &billing_db.url, "--prefix", &prefix]);
+    first.args(tiers);
     first.env("AMQP_URL", &restricted_url);
     otel(&mut first, "billing");
     let billing_run = start_run(&mut first, free_port()).await;
@@ -236,7 +239,9 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
     // The producer: this test, whose span is the root.
     let trace_id = format!("{:032x}", fastrand::u128(1..));
     let producer_span = &format!("{:016x}", fastrand::u64(1..));
-    let customer = unique("cus-secret");
+    // A flaky customer: billing fails its first two attempts, so the message
+    // comes back through a retry tier twice before it is applied.
+    let customer = unique("cus_flaky");
     let invoice = Outgoing::new(
         "billing.invoice-paid.v1",
         1,
@@ -286,6 +291,7 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
     // A new process, allowed to publish: its relay has only the row.
     let mut second = billing();
     second.args(["--database-url", &billing_db.url, "--prefix", &prefix]);
+    second.args(tiers);
     otel(&mut second, "billing");
     let billing_again = start_run(&mut second, free_port()).await;
     let downstream_pool = sqlx::PgPool::connect(&downstream_db.url).await.unwrap();
@@ -313,13 +319,23 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
             .into_iter()
             .filter(|(_, s)| s["traceId"] == trace_id.as_str())
             .collect();
-        let consumer = child(&ours, "billing", &format!("process {queue}"), producer_span)?;
-        let handler = child(
-            &ours,
-            "billing",
-            "handle billing.invoice-paid.v1",
-            consumer["spanId"].as_str()?,
-        )?;
+        // Each attempt's delivery is the child of the retry publish of the
+        // attempt before it; the first is the producer's child.
+        let process = format!("process {queue}");
+        let first = child(&ours, "billing", &process, producer_span)?;
+        let mut consumer = first;
+        let mut retries = 0;
+        let handler = loop {
+            let id = consumer["spanId"].as_str()?;
+            if let Some(h) = child(&ours, "billing", "handle billing.invoice-paid.v1", id)
+                && child(&ours, "billing", "ack", id).is_some()
+            {
+                break h;
+            }
+            let retry = child(&ours, "billing", "retry publish", id)?;
+            consumer = child(&ours, "billing", &process, retry["spanId"].as_str()?)?;
+            retries += 1;
+        };
         // Each refused pass left an outbox wait and a publish of its own;
         // the chain runs through the pass that published.
         let (outbox, publish, downstream) = children(&ours, "billing", "outbox wait", handler)
@@ -336,7 +352,8 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
             })?;
         Some((
             ours.clone(),
-            [consumer, handler, outbox, publish, downstream].map(Clone::clone),
+            retries,
+            [first, consumer, handler, outbox, publish, downstream].map(Clone::clone),
         ))
     };
     assert!(
@@ -352,8 +369,13 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
             ))
             .collect::<Vec<_>>()
     );
-    let (ours, [consumer, _handler, outbox, _publish, downstream_span]) = chain().unwrap();
-    for process in [&consumer, &downstream_span] {
+    let (ours, retries, [first, consumer, _handler, outbox, _publish, downstream_span]) =
+        chain().unwrap();
+    assert_eq!(
+        retries, 2,
+        "two attempts failed, each one hop through a tier"
+    );
+    for process in [&first, &consumer, &downstream_span] {
         assert_eq!(attribute(process, "messaging.system"), Some("rabbitmq"));
         assert!(attribute(process, "messaging.message.id").is_some());
         assert!(attribute(process, "messaging.destination.name").is_some());
