@@ -54,9 +54,9 @@ pub(crate) fn handler(parent: &Span, event_type: &str) -> Span {
 }
 
 /// A transaction's span. With one message it is a child of that message's
-/// span; with several it starts a trace of its own, linked to each message's
-/// span (and each message's span is linked to it): a batch is not one
-/// message's child.
+/// span; with several it starts a trace of its own: a batch is not one
+/// message's child (its commit span is linked to each message's, see
+/// [`commit`]).
 pub(crate) fn unit(members: &[&Span], solo: bool) -> Span {
     match members {
         [only] => tracing::info_span!(
@@ -66,18 +66,25 @@ pub(crate) fn unit(members: &[&Span], solo: bool) -> Span {
             warren.messages = 1,
             warren.solo = solo,
         ),
-        several => {
-            let span = tracing::info_span!(
-                target: TARGET,
-                parent: None,
-                "transaction",
-                warren.messages = several.len(),
-                warren.solo = solo,
-            );
-            link_both_ways(&span, several);
-            span
-        }
+        several => tracing::info_span!(
+            target: TARGET,
+            parent: None,
+            "transaction",
+            warren.messages = several.len(),
+            warren.solo = solo,
+        ),
     }
+}
+
+/// The commit's span, a child of the transaction's. In a batch it is linked
+/// to each message's span and each message's span to it, so that each
+/// message's trace shows the commit that applied it.
+pub(crate) fn commit(unit: &Span, members: &[&Span]) -> Span {
+    let span = step(unit, "commit");
+    if members.len() > 1 {
+        link_both_ways(&span, members);
+    }
+    span
 }
 
 /// A step of a transaction (`inbox claim`, `commit`), a child of its span.
@@ -137,18 +144,18 @@ fn set_remote_parent(span: &Span, trace: &TraceContext) {
 fn set_remote_parent(_span: &Span, _trace: &TraceContext) {}
 
 #[cfg(feature = "otel")]
-fn link_both_ways(unit: &Span, members: &[&Span]) {
+fn link_both_ways(span: &Span, members: &[&Span]) {
     use opentelemetry::trace::TraceContextExt;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
-    if unit.is_disabled() {
+    if span.is_disabled() {
         return;
     }
-    let unit_cx = unit.context().span().span_context().clone();
+    let this = span.context().span().span_context().clone();
     for member in members {
-        unit.add_link(member.context().span().span_context().clone());
-        member.add_link(unit_cx.clone());
+        span.add_link(member.context().span().span_context().clone());
+        member.add_link(this.clone());
     }
 }
 
 #[cfg(not(feature = "otel"))]
-fn link_both_ways(_unit: &Span, _members: &[&Span]) {}
+fn link_both_ways(_span: &Span, _members: &[&Span]) {}

@@ -365,7 +365,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             return rolled_back(tx, store_failed(e)).await;
         }
         self.commit(tx, results, several)
-            .instrument(spans::step(&unit_span, "commit"))
+            .instrument(spans::commit(&unit_span, &member_spans))
             .await
     }
 

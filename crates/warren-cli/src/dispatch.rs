@@ -29,12 +29,7 @@ macro_rules! with_store {
                 $body.await
             }
             DatabaseUrl::Sqlite(u) => {
-                let path = u
-                    .trim_start_matches("sqlite://")
-                    .trim_start_matches("sqlite:");
-                if !std::path::Path::new(path).exists() {
-                    return Err(CliError::Failed(format!("no database at {path}")));
-                }
+                $crate::dispatch::existing_sqlite(u)?;
                 let $store = SqliteStore::connect(u).await.map_err(fail)?;
                 $body.await
             }
@@ -44,6 +39,19 @@ macro_rules! with_store {
             }
         }
     }};
+}
+
+/// A SQLite URL's file must exist: opening one that does not would make a
+/// new, empty database and report nothing in it.
+pub(crate) fn existing_sqlite(url: &str) -> Result<(), CliError> {
+    let path = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    if std::path::Path::new(path).exists() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!("no database at {path}")))
+    }
 }
 
 pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {

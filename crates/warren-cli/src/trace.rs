@@ -78,12 +78,7 @@ impl Db {
         Ok(match url {
             DatabaseUrl::Postgres(u) => Db::Pg(PgStore::connect(u, 2).await.map_err(fail)?),
             DatabaseUrl::Sqlite(u) => {
-                let path = u
-                    .trim_start_matches("sqlite://")
-                    .trim_start_matches("sqlite:");
-                if !std::path::Path::new(path).exists() {
-                    return Err(CliError::Failed(format!("no database at {path}")));
-                }
+                crate::dispatch::existing_sqlite(u)?;
                 Db::Sqlite(SqliteStore::connect(u).await.map_err(fail)?)
             }
             DatabaseUrl::MySql(u) => Db::MySql(MySqlStore::connect(u, 2).await.map_err(fail)?),
