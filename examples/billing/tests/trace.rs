@@ -203,7 +203,7 @@ async fn the_trace_runs_from_producer_through_the_outbox_to_the_downstream_consu
     };
 
     let mut first = billing();
-    let tiers = ["--retry-tiers", "200ms,200ms,200ms"];
+    let tiers = ["--retry-tiers", "100ms,200ms,300ms"];
     first.args(["--database-url", &billing_db.url, "--prefix", &prefix]);
     first.args(tiers);
     first.env("AMQP_URL", &restricted_url);
