@@ -24,10 +24,7 @@
 
 use std::time::SystemTime;
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer as _, TracerProvider as _,
-};
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
@@ -36,7 +33,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::spans::TARGET;
+use crate::spans::{TARGET, remote_span_context};
 use crate::trace_context::TraceContext;
 
 /// An installed OpenTelemetry pipeline: warren's spans batched and exported
@@ -108,22 +105,6 @@ impl Drop for Otel {
         // exporter's timeout, once.
         let _ = self.provider.shutdown();
     }
-}
-
-/// The remote span context a checked W3C context names.
-pub(crate) fn remote_span_context(trace: &TraceContext) -> Option<SpanContext> {
-    let trace_id = TraceId::from_hex(trace.trace_id()?).ok()?;
-    let span_id = SpanId::from_hex(trace.parent_id()?).ok()?;
-    let flags = if trace.sampled() {
-        TraceFlags::SAMPLED
-    } else {
-        TraceFlags::default()
-    };
-    let state = trace
-        .tracestate()
-        .and_then(|s| s.parse::<TraceState>().ok())
-        .unwrap_or_default();
-    Some(SpanContext::new(trace_id, span_id, flags, true, state))
 }
 
 /// The spans of one outbox row in a relay pass: how long it waited in the

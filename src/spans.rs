@@ -135,7 +135,7 @@ fn set_remote_parent(span: &Span, trace: &TraceContext) {
     if span.is_disabled() {
         return;
     }
-    if let Some(remote) = crate::otel::remote_span_context(trace) {
+    if let Some(remote) = remote_span_context(trace) {
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
 }
@@ -159,3 +159,23 @@ fn link_both_ways(span: &Span, members: &[&Span]) {
 
 #[cfg(not(feature = "otel"))]
 fn link_both_ways(_span: &Span, _members: &[&Span]) {}
+
+/// The remote span context a checked W3C context names.
+#[cfg(feature = "otel")]
+pub(crate) fn remote_span_context(
+    trace: &TraceContext,
+) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    let trace_id = TraceId::from_hex(trace.trace_id()?).ok()?;
+    let span_id = SpanId::from_hex(trace.parent_id()?).ok()?;
+    let flags = if trace.sampled() {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    };
+    let state = trace
+        .tracestate()
+        .and_then(|s| s.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    Some(SpanContext::new(trace_id, span_id, flags, true, state))
+}
