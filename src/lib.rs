@@ -120,6 +120,7 @@ mod database_url;
 mod dead_letter;
 mod dispatcher;
 mod disposition;
+pub mod doctor;
 pub mod envelope;
 mod error;
 pub mod failpoint;

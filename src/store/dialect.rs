@@ -255,6 +255,13 @@ pub trait SqlDialect: Database {
     /// `ON CONFLICT`) a refused-claim error ([`is_refused_claim`](Self::is_refused_claim)).
     const INSERT_DEAD_LETTER: &'static str;
 
+    /// (cutoff, consumer): the consumer's inbox rows, and those processed
+    /// before the cutoff, as two integers.
+    const INBOX_SIZE: &'static str;
+
+    /// The server's current time, one value; `None` for an embedded database.
+    const DATABASE_NOW: Option<&'static str>;
+
     /// The size of `warren_dead_letters` with its indexes, in bytes, one
     /// value (NULL if unknown); `None` where the database cannot say.
     const DEAD_LETTER_BYTES: Option<&'static str>;

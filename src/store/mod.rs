@@ -10,6 +10,7 @@
 //!   [`Leases`], [`Retention`]) and what a consumer needs of all of them
 //!   ([`ConsumerStore`]).
 //! - `outbox`: the relay's side ([`OutboxStore`]).
+//! - `checkup`: what `warren doctor` asks a database ([`Checkup`]).
 //! - `tx`: the handler's transaction ([`Tx`]); its commit runs the dialect's check.
 //! - `error`: [`StoreError`] and the questions callers ask of database errors.
 //! - `dialect`: what a SQL database supplies: statements and hooks (`SqlDialect`).
@@ -36,6 +37,7 @@ macro_rules! store_trait {
 }
 
 mod capabilities;
+mod checkup;
 mod dead_letters;
 mod dialect;
 mod error;
@@ -54,6 +56,7 @@ mod trail;
 pub(crate) mod tx;
 
 pub use capabilities::{ConsumerStore, Lease, LeaseStep, Leases, Retention, SigningKey, SoloRuns};
+pub use checkup::{Checkup, InboxSize};
 pub use dead_letters::{
     Actor, AuditEntry, DeadLetterGroup, DeadLetterRecord, DeadLetterStats, DeadLetterStore,
     GroupMute, LetterEdit, LetterFilter, LetterReplay, LetterState, NewDeadLetter, PageAfter,

@@ -280,6 +280,11 @@ impl SqlDialect for MySql {
         Ok(())
     }
 
+    const INBOX_SIZE: &'static str = "SELECT COUNT(*), COUNT(CASE WHEN processed_at < ? THEN 1 END)
+             FROM warren_inbox WHERE consumer_name = ?";
+
+    const DATABASE_NOW: Option<&'static str> = Some("SELECT UTC_TIMESTAMP(6)");
+
     const DEAD_LETTER_BYTES: Option<&'static str> = Some(
         "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables
          WHERE table_schema = DATABASE() AND table_name = 'warren_dead_letters'",

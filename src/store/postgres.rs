@@ -303,6 +303,11 @@ impl SqlDialect for Postgres {
     /// sqlx begins a PostgreSQL transaction with a simple query.
     const BEGIN_TAKES_MORE: bool = true;
 
+    const INBOX_SIZE: &'static str = "SELECT count(*), count(*) FILTER (WHERE processed_at < $1)
+             FROM warren_inbox WHERE consumer_name = $2";
+
+    const DATABASE_NOW: Option<&'static str> = Some("SELECT now()");
+
     const DEAD_LETTER_BYTES: Option<&'static str> =
         Some("SELECT pg_total_relation_size('warren_dead_letters')::BIGINT");
 

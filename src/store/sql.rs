@@ -269,6 +269,7 @@ macro_rules! run_built {
 }
 
 // After the macros: the outbox half, the dead letters and the journal use them too.
+mod checkup;
 mod dead_letters;
 mod journal;
 mod outbox;

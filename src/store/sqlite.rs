@@ -295,6 +295,11 @@ impl SqlDialect for Sqlite {
     }
 
     /// SQLite keeps no per-table size without the optional `dbstat` table.
+    const INBOX_SIZE: &'static str = "SELECT count(*), coalesce(sum(processed_at < ?1), 0)
+             FROM warren_inbox WHERE consumer_name = ?2";
+
+    const DATABASE_NOW: Option<&'static str> = None;
+
     const DEAD_LETTER_BYTES: Option<&'static str> = None;
 
     const INSERT_DEAD_LETTER: &'static str = "INSERT INTO warren_dead_letters (letter_id, consumer_name, queue_name, message_id, event_type, correlation_id, replay_id, reason, error, attempts, original_exchange, original_routing_key, first_failure, last_failure, fingerprint, group_key, headers, properties, body, body_truncated, payload, redacted_fields, entity, entity_version, state)

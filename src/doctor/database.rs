@@ -1,0 +1,257 @@
+//! The checks on a consumer's database: warren's tables and their version,
+//! the inbox against its retention window, the outbox backlog, unresolved
+//! dead letters, and the database's clock against the host's.
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::report::{Check, Status};
+use crate::store::{Checkup, DeadLetterStore, OutboxStore};
+
+const DATABASE: &str = "database";
+
+/// What the database checks measure against.
+#[derive(Debug, Clone)]
+pub struct DatabaseExpectations {
+    /// The consumer whose inbox is checked.
+    pub consumer: String,
+    /// Its inbox retention window; `None` if nothing purges the inbox.
+    pub inbox_retention: Option<Duration>,
+    /// The oldest pending outbox row's age past which the relay counts as
+    /// behind (default 60 s).
+    pub outbox_age_limit: Duration,
+    /// Clock skew past which the check warns (default 1 s); ten times it fails.
+    pub skew_limit: Duration,
+}
+
+impl DatabaseExpectations {
+    /// The defaults for `consumer`, without a retention window.
+    pub fn new(consumer: impl Into<String>) -> Self {
+        DatabaseExpectations {
+            consumer: consumer.into(),
+            inbox_retention: None,
+            outbox_age_limit: Duration::from_secs(60),
+            skew_limit: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Every database check; a query that fails is reported, never raised.
+pub async fn check_database<S>(store: &S, expect: &DatabaseExpectations) -> Vec<Check>
+where
+    S: Checkup + OutboxStore + DeadLetterStore,
+{
+    let mut checks = Vec::new();
+    match store.migration_version().await {
+        Ok((applied, known)) if applied == known => checks.push(Check::new(
+            "migrations",
+            DATABASE,
+            Status::Pass,
+            format!("warren's tables at version {applied}, as this build"),
+        )),
+        Ok((applied, known)) if applied < known => checks.push(
+            Check::new(
+                "migrations",
+                DATABASE,
+                Status::Warn,
+                format!(
+                    "warren's tables at version {applied}; this build brings {known}: the \
+                     consumer applies the rest when it starts"
+                ),
+            )
+            .fix("start the consumer (it migrates), then run the doctor again"),
+        ),
+        Ok((applied, known)) => checks.push(
+            Check::new(
+                "migrations",
+                DATABASE,
+                Status::Fail,
+                format!(
+                    "warren's tables at version {applied}, newer than this build's {known}: a \
+                     newer warren migrated them"
+                ),
+            )
+            .fix("run the warren version that migrated the database, or a newer one"),
+        ),
+        Err(e) => {
+            checks.push(
+                Check::new(
+                    "migrations",
+                    DATABASE,
+                    Status::Fail,
+                    format!("warren's tables cannot be read: {e}"),
+                )
+                .fix("check the database URL; a consumer creates the tables when it first starts"),
+            );
+            return checks;
+        }
+    }
+    checks.push(inbox(store, expect).await);
+    checks.push(match store.outbox_counts().await {
+        Ok(counts) => {
+            let age = counts.oldest_pending_age_seconds(Utc::now());
+            if counts.failed > 0 {
+                Check::new(
+                    "outbox",
+                    DATABASE,
+                    Status::Warn,
+                    format!(
+                        "{} rows the relay gave up on; {} pending, the oldest {age:.0} s old",
+                        counts.failed, counts.pending
+                    ),
+                )
+                .fix("read them with `warren outbox status`, then `warren outbox retry-failed`")
+            } else if age > expect.outbox_age_limit.as_secs_f64() {
+                Check::new(
+                    "outbox",
+                    DATABASE,
+                    Status::Warn,
+                    format!(
+                        "{} rows pending, the oldest {age:.0} s old (more than {} s): the relay \
+                         is not running or the broker refuses it",
+                        counts.pending,
+                        expect.outbox_age_limit.as_secs()
+                    ),
+                )
+                .fix("check that a consumer or relay runs on this database, and its logs")
+            } else {
+                Check::new(
+                    "outbox",
+                    DATABASE,
+                    Status::Pass,
+                    format!("{} rows pending, the oldest {age:.0} s old", counts.pending),
+                )
+            }
+        }
+        Err(e) => Check::new(
+            "outbox",
+            DATABASE,
+            Status::Fail,
+            format!("cannot read: {e}"),
+        ),
+    });
+    checks.push(match store.dead_letter_stats().await {
+        Ok(stats) => {
+            let unresolved: u64 = stats.unresolved_by_group.iter().map(|(_, n)| n).sum();
+            if unresolved == 0 {
+                Check::new(
+                    "dead-letters",
+                    DATABASE,
+                    Status::Pass,
+                    "no unresolved dead letters",
+                )
+            } else {
+                Check::new(
+                    "dead-letters",
+                    DATABASE,
+                    Status::Warn,
+                    format!(
+                        "{unresolved} unresolved dead letters in {} groups, the oldest last failed {}",
+                        stats.unresolved_by_group.len(),
+                        stats
+                            .oldest_unresolved
+                            .map_or_else(|| "at an unknown time".to_owned(), |t| t.to_rfc3339())
+                    ),
+                )
+                .fix("`warren dead-letters groups`, then replay or resolve them")
+            }
+        }
+        Err(e) => Check::new(
+            "dead-letters",
+            DATABASE,
+            Status::Fail,
+            format!("cannot read: {e}"),
+        ),
+    });
+    checks.push(clock(store, expect).await);
+    checks
+}
+
+async fn inbox<S: Checkup>(store: &S, expect: &DatabaseExpectations) -> Check {
+    let window = expect.inbox_retention;
+    let cutoff = window
+        .and_then(crate::retention::cutoff)
+        .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+    match store.inbox_size(&expect.consumer, cutoff).await {
+        Err(e) => Check::new("inbox", DATABASE, Status::Fail, format!("cannot read: {e}")),
+        Ok(size) => match window {
+            None => Check::new(
+                "inbox",
+                DATABASE,
+                Status::Warn,
+                format!(
+                    "{} rows of consumer {:?}, and no retention window: nothing purges them",
+                    size.rows, expect.consumer
+                ),
+            )
+            .fix("set an inbox retention window, or purge with `warren inbox purge`"),
+            Some(window) if size.older > 0 => Check::new(
+                "inbox",
+                DATABASE,
+                Status::Warn,
+                format!(
+                    "{} of {} rows of consumer {:?} are older than the {} s retention window: \
+                     the purge is not keeping up, or not running",
+                    size.older,
+                    size.rows,
+                    expect.consumer,
+                    window.as_secs()
+                ),
+            )
+            .fix("check the consumer's retention task, or run `warren inbox purge`"),
+            Some(window) => Check::new(
+                "inbox",
+                DATABASE,
+                Status::Pass,
+                format!(
+                    "{} rows of consumer {:?}, none older than the {} s retention window",
+                    size.rows,
+                    expect.consumer,
+                    window.as_secs()
+                ),
+            ),
+        },
+    }
+}
+
+async fn clock<S: Checkup>(store: &S, expect: &DatabaseExpectations) -> Check {
+    let before = Utc::now();
+    let read = store.database_now().await;
+    let after = Utc::now();
+    match read {
+        Err(e) => Check::new(
+            "clock-skew",
+            DATABASE,
+            Status::Fail,
+            format!("cannot read: {e}"),
+        ),
+        Ok(None) => Check::new(
+            "clock-skew",
+            DATABASE,
+            Status::Pass,
+            "an embedded database: it reads this host's clock",
+        ),
+        Ok(Some(theirs)) => {
+            // Against the middle of the round trip, so its length is no skew.
+            let ours = before + (after - before) / 2;
+            let skew = (theirs - ours).abs().to_std().unwrap_or_default();
+            let round_trip = (after - before).to_std().unwrap_or_default();
+            let detail = format!(
+                "the database's clock is {} ms {} this host's (round trip {} ms)",
+                skew.as_millis(),
+                if theirs >= ours { "ahead of" } else { "behind" },
+                round_trip.as_millis()
+            );
+            let fix =
+                "synchronize both clocks (NTP): message ages, retention and leases compare them";
+            if skew > expect.skew_limit * 10 {
+                Check::new("clock-skew", DATABASE, Status::Fail, detail).fix(fix)
+            } else if skew > expect.skew_limit {
+                Check::new("clock-skew", DATABASE, Status::Warn, detail).fix(fix)
+            } else {
+                Check::new("clock-skew", DATABASE, Status::Pass, detail)
+            }
+        }
+    }
+}

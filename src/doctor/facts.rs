@@ -1,0 +1,331 @@
+//! What the doctor learns about a broker, read from the management API's
+//! JSON, from `rabbitmqctl environment` and from an AMQP connection. The same
+//! readers take live answers and the responses recorded in the tests.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::version::Version;
+
+/// Everything known about the broker, each part with why it is missing.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerFacts {
+    /// From the management HTTP API.
+    pub api: Option<ApiFacts>,
+    /// Why [`api`](Self::api) is missing.
+    pub api_missing: Option<String>,
+    /// The node settings the HTTP API does not show.
+    pub node: Option<NodeSettings>,
+    /// Why [`node`](Self::node) is missing.
+    pub node_missing: Option<String>,
+    /// From an AMQP connection.
+    pub connection: Option<ConnectionFacts>,
+    /// Why [`connection`](Self::connection) is missing.
+    pub connection_missing: Option<String>,
+}
+
+/// What the management API says.
+#[derive(Debug, Clone, Default)]
+pub struct ApiFacts {
+    /// `rabbitmq_version` of `/api/overview`, as reported.
+    pub version_text: String,
+    /// The version, if it reads as one.
+    pub version: Option<Version>,
+    /// The node that answered (`node`).
+    pub node: String,
+    /// The exchange types the broker knows (plugins add some).
+    pub exchange_types: Vec<String>,
+    /// Feature flags: name to (state, stability).
+    pub feature_flags: BTreeMap<String, (String, String)>,
+    /// Each of the consumer's queues, `None` where it does not exist.
+    pub queues: BTreeMap<String, Option<QueueFacts>>,
+}
+
+/// One queue as the management API shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueFacts {
+    /// `classic`, `quorum` or `stream`.
+    pub queue_type: String,
+    /// The arguments it was declared with.
+    pub arguments: Map<String, Value>,
+    /// The policy that applies, with its definition.
+    pub policy: Option<Policy>,
+    /// The operator policy that applies, with its definition.
+    pub operator_policy: Option<Policy>,
+    /// `effective_policy_definition`: the policy and the operator policy
+    /// merged by the broker (without the arguments).
+    pub effective_policy: Map<String, Value>,
+    /// Consumers subscribed.
+    pub consumers: u64,
+}
+
+/// A policy or operator policy applied to a queue.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Policy {
+    /// Its name.
+    pub name: String,
+    /// Its definition, where it could be read (reading policies needs the
+    /// `policymaker` tag, operator policies `administrator`).
+    pub definition: Option<Map<String, Value>>,
+}
+
+impl ApiFacts {
+    /// Reads `/api/overview` and `/api/feature-flags` (the latter may be
+    /// missing: it needs more than `monitoring` on some versions).
+    pub fn read(overview: &Value, feature_flags: Option<&Value>) -> Result<Self, String> {
+        let version_text = overview
+            .get("rabbitmq_version")
+            .and_then(Value::as_str)
+            .ok_or("the overview has no rabbitmq_version")?
+            .to_owned();
+        let exchange_types = overview
+            .get("exchange_types")
+            .and_then(Value::as_array)
+            .map(|types| {
+                types
+                    .iter()
+                    .filter_map(|t| t.get("name").and_then(Value::as_str))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let feature_flags = feature_flags
+            .and_then(Value::as_array)
+            .map(|flags| {
+                flags
+                    .iter()
+                    .filter_map(|f| {
+                        let text = |k: &str| f.get(k).and_then(Value::as_str).unwrap_or("");
+                        let name = text("name");
+                        (!name.is_empty()).then(|| {
+                            (
+                                name.to_owned(),
+                                (text("state").into(), text("stability").into()),
+                            )
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(ApiFacts {
+            version: Version::parse(&version_text),
+            version_text,
+            node: overview
+                .get("node")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            exchange_types,
+            feature_flags,
+            queues: BTreeMap::new(),
+        })
+    }
+}
+
+impl QueueFacts {
+    /// Reads `/api/queues/{vhost}/{name}`, with the definitions of its policy
+    /// and operator policy where they could be read.
+    pub fn read(
+        queue: &Value,
+        policy: Option<&Value>,
+        operator_policy: Option<&Value>,
+    ) -> Result<Self, String> {
+        let object = queue.as_object().ok_or("a queue is not a JSON object")?;
+        let map = |key: &str| {
+            object
+                .get(key)
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let named = |key: &str, body: Option<&Value>| {
+            let name = object.get(key).and_then(Value::as_str)?;
+            Some(Policy {
+                name: name.to_owned(),
+                definition: body
+                    .and_then(|b| b.get("definition"))
+                    .and_then(Value::as_object)
+                    .cloned(),
+            })
+        };
+        Ok(QueueFacts {
+            queue_type: object
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("classic")
+                .to_owned(),
+            arguments: map("arguments"),
+            policy: named("policy", policy),
+            operator_policy: named("operator_policy", operator_policy),
+            effective_policy: map("effective_policy_definition"),
+            consumers: object.get("consumers").and_then(Value::as_u64).unwrap_or(0),
+        })
+    }
+}
+
+impl QueueFacts {
+    /// Reads a queue with the policy lists of its virtual host
+    /// (`/api/policies/{vhost}`, `/api/operator-policies/{vhost}`, which any
+    /// management user with access to the virtual host may read), taking
+    /// the definitions of the policies it names.
+    pub fn read_listed(
+        queue: &Value,
+        policies: &[Value],
+        operator_policies: &[Value],
+    ) -> Result<Self, String> {
+        let named = |items: &[Value], key: &str| -> Option<Value> {
+            let name = queue.get(key).and_then(Value::as_str)?;
+            items
+                .iter()
+                .find(|p| p.get("name").and_then(Value::as_str) == Some(name))
+                .cloned()
+        };
+        QueueFacts::read(
+            queue,
+            named(policies, "policy").as_ref(),
+            named(operator_policies, "operator_policy").as_ref(),
+        )
+    }
+}
+
+/// Node settings that 3.10's HTTP API does not show, read from
+/// `rabbitmqctl environment`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeSettings {
+    /// The node the settings are of.
+    pub node: String,
+    /// `consumer_timeout` in milliseconds; `None` when turned off.
+    pub consumer_timeout_ms: Option<u64>,
+    /// `max_message_size` in bytes, if set.
+    pub max_message_size: Option<u64>,
+    /// `frame_max` in bytes, if set.
+    pub frame_max: Option<u64>,
+}
+
+impl NodeSettings {
+    /// Reads what `rabbitmqctl environment` prints: a first line naming the
+    /// node, then the application environments as Erlang terms, the `rabbit`
+    /// application's among them. A key the node does not set is reported as
+    /// its absence: `consumer_timeout` absent or `false` means no timeout.
+    pub fn read_environment(text: &str) -> Result<Self, String> {
+        let node = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Application environment of node "))
+            .map(|rest| rest.trim_end_matches(" ...").trim().to_owned())
+            .ok_or(
+                "no \"Application environment of node\" line: not rabbitmqctl environment's output",
+            )?;
+        let rabbit = rabbit_section(text)
+            .ok_or("no {rabbit, [...]} section in rabbitmqctl environment's output")?;
+        let number = |key: &str| setting(rabbit, key).and_then(|v| v.parse::<u64>().ok());
+        Ok(NodeSettings {
+            node,
+            consumer_timeout_ms: number("consumer_timeout"),
+            max_message_size: number("max_message_size"),
+            frame_max: number("frame_max"),
+        })
+    }
+}
+
+/// The text of the `{rabbit, [...]}` term, up to its closing brace.
+fn rabbit_section(text: &str) -> Option<&str> {
+    let compact_start = text.find("{rabbit,")?;
+    let rest = &text[compact_start..];
+    let mut depth = 0usize;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(&rest[..=i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The value of `{key,VALUE}` at the rabbit application's top level: a
+/// number or an atom.
+fn setting<'a>(section: &'a str, key: &str) -> Option<&'a str> {
+    let pattern = format!("{{{key},");
+    let at = section.find(&pattern)? + pattern.len();
+    let rest = section[at..].trim_start();
+    let end = rest.find(['}', ','])?;
+    Some(rest[..end].trim())
+}
+
+/// What an AMQP connection to the broker shows.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionFacts {
+    /// The frame size agreed in `connection.tune`.
+    pub frame_max: u32,
+    /// The consistent-hash ring probe, for a partitioned consumer: `Ok(true)`
+    /// when the hash exchange does not exist yet, `Ok(false)` when it and
+    /// every partition queue do, `Err` with what is broken.
+    pub ring: Option<Result<bool, String>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENVIRONMENT: &str = "Application environment of node rabbit@localhost ...
+[{amqp10_common,[]},
+ {rabbit,
+     [{auth_backends,[rabbit_auth_backend_internal]},
+      {consumer_timeout,1800000},
+      {frame_max,131072},
+      {loopback_users,[<<\"guest\">>]},
+      {max_message_size,134217728},
+      {tcp_listen_options,[{backlog,128},{nodelay,true}]}]},
+ {rabbit_common,[]}]
+";
+
+    #[test]
+    fn node_settings_read_from_rabbitmqctl_environment() {
+        let settings = NodeSettings::read_environment(ENVIRONMENT).unwrap();
+        assert_eq!(settings.node, "rabbit@localhost");
+        assert_eq!(settings.consumer_timeout_ms, Some(1_800_000));
+        assert_eq!(settings.max_message_size, Some(134_217_728));
+        assert_eq!(settings.frame_max, Some(131_072));
+    }
+
+    #[test]
+    fn a_timeout_turned_off_or_unset_reads_as_none() {
+        let off = ENVIRONMENT.replace("{consumer_timeout,1800000}", "{consumer_timeout,false}");
+        assert_eq!(
+            NodeSettings::read_environment(&off)
+                .unwrap()
+                .consumer_timeout_ms,
+            None
+        );
+        let unset = ENVIRONMENT.replace("{consumer_timeout,1800000},", "");
+        assert_eq!(
+            NodeSettings::read_environment(&unset)
+                .unwrap()
+                .consumer_timeout_ms,
+            None
+        );
+        // A key of another application is not the rabbit application's.
+        let elsewhere = unset.replace(
+            "{amqp10_common,[]}",
+            "{amqp10_common,[{consumer_timeout,5}]}",
+        );
+        assert_eq!(
+            NodeSettings::read_environment(&elsewhere)
+                .unwrap()
+                .consumer_timeout_ms,
+            None
+        );
+    }
+
+    #[test]
+    fn other_output_is_refused() {
+        assert!(NodeSettings::read_environment("Error: unable to perform an operation").is_err());
+    }
+}

@@ -1,0 +1,323 @@
+//! Asking the broker: the management HTTP API, `rabbitmqctl environment`
+//! on the broker's host, and an AMQP connection. Whatever cannot be asked is
+//! recorded with the reason, and the checks that needed it are skipped.
+
+use std::time::Duration;
+
+use lapin::uri::AMQPUri;
+use serde_json::Value;
+use url::Url;
+
+use super::facts::{ApiFacts, BrokerFacts, ConnectionFacts, NodeSettings, QueueFacts};
+use crate::config::ConsumerConfig;
+use crate::tls::TlsOptions;
+use crate::topology::Topology;
+
+/// How long one question to the broker may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Where and how to ask the broker.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerAccess {
+    /// The AMQP URL the consumer connects with: its virtual host is the one
+    /// checked, and its credentials stand in for the management API's when
+    /// that URL has none.
+    pub amqp_url: String,
+    /// TLS for the AMQP connection; its CA file is trusted by the management
+    /// API's client too.
+    pub tls: TlsOptions,
+    /// The management API (`http://host:15672/`); `None`: port 15672 of the
+    /// AMQP URL's host (https when the AMQP URL is amqps).
+    pub management_url: Option<String>,
+    /// The `rabbitmqctl` program to read node settings with; `None`: not run.
+    pub rabbitmqctl: Option<String>,
+}
+
+/// The management API's address with credentials taken out, and them.
+#[derive(Debug, Clone)]
+pub struct Management {
+    base: Url,
+    user: String,
+    password: String,
+    vhost: String,
+    client: reqwest::Client,
+}
+
+enum Answer {
+    Found(Value),
+    NotFound,
+    Refused(u16),
+}
+
+impl Management {
+    /// The management API `access` names (or the default one), for the
+    /// virtual host of its AMQP URL.
+    pub fn new(access: &BrokerAccess) -> Result<Self, String> {
+        let amqp: AMQPUri = access
+            .amqp_url
+            .parse()
+            .map_err(|e| format!("the AMQP URL does not parse: {e}"))?;
+        let mut base = match &access.management_url {
+            Some(url) => Url::parse(url).map_err(|e| {
+                format!(
+                    "--management-url {:?} does not parse: {e}",
+                    crate::admin::redact_url(url)
+                )
+            })?,
+            None => {
+                let scheme = if access.amqp_url.starts_with("amqps") {
+                    "https"
+                } else {
+                    "http"
+                };
+                let port = if scheme == "https" { 15671 } else { 15672 };
+                Url::parse(&format!("{scheme}://{}:{port}/", amqp.authority.host))
+                    .map_err(|e| format!("no management URL can be made from the AMQP host: {e}"))?
+            }
+        };
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(format!(
+                "the management URL must be http:// or https://, not {}://",
+                base.scheme()
+            ));
+        }
+        let (user, password) = if base.username().is_empty() {
+            (
+                amqp.authority.userinfo.username.clone(),
+                amqp.authority.userinfo.password.clone(),
+            )
+        } else {
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            (
+                decode(base.username()),
+                decode(base.password().unwrap_or("")),
+            )
+        };
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let mut client = reqwest::Client::builder().timeout(ASK_TIMEOUT);
+        if base.scheme() == "https" {
+            // The process's TLS provider: the same one the AMQP connection uses.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            client = client.tls_backend_rustls();
+            if let Some(ca) = &access.tls.ca_file {
+                let pem = std::fs::read(ca)
+                    .map_err(|e| format!("cannot read the CA file {}: {e}", ca.display()))?;
+                let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                    format!("the CA file {} holds no certificate: {e}", ca.display())
+                })?;
+                client = client.add_root_certificate(cert);
+            }
+        }
+        let client = client
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        Ok(Management {
+            base,
+            user,
+            password,
+            vhost: amqp.vhost,
+            client,
+        })
+    }
+
+    /// The API's address, without credentials, and the user it asks as.
+    pub fn describe(&self) -> String {
+        format!("{} as {:?}", self.base, self.user)
+    }
+
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty();
+            path.extend(segments);
+        }
+        url
+    }
+
+    async fn get(&self, segments: &[&str]) -> Result<Answer, String> {
+        let url = self.url(segments);
+        let response = self
+            .client
+            .get(url.clone())
+            .basic_auth(&self.user, Some(&self.password))
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot reach the management API at {}: {}",
+                    self.base,
+                    error_chain(&e)
+                )
+            })?;
+        let status = response.status().as_u16();
+        match status {
+            200 => response
+                .json::<Value>()
+                .await
+                .map(Answer::Found)
+                .map_err(|e| format!("{url} answered what is not JSON: {e}")),
+            404 => Ok(Answer::NotFound),
+            401 | 403 => Ok(Answer::Refused(status)),
+            _ => Err(format!("{url} answered HTTP {status}")),
+        }
+    }
+
+    /// What the API says of the broker and of `queues`.
+    pub async fn ask(&self, queues: &[String]) -> Result<ApiFacts, String> {
+        let overview = match self.get(&["api", "overview"]).await? {
+            Answer::Found(v) => v,
+            Answer::NotFound => {
+                return Err(format!(
+                    "{} is not a RabbitMQ management API (404)",
+                    self.base
+                ));
+            }
+            Answer::Refused(code) => {
+                return Err(format!(
+                    "the management API at {} refused user {:?} (HTTP {code}): it needs a \
+                     management tag (monitoring does) and access to the virtual host",
+                    self.base, self.user
+                ));
+            }
+        };
+        let flags = match self.get(&["api", "feature-flags"]).await? {
+            Answer::Found(v) => Some(v),
+            _ => None,
+        };
+        let mut facts = ApiFacts::read(&overview, flags.as_ref())?;
+        let vhost = self.vhost.as_str();
+        let list = async |kind: &str| -> Result<Vec<Value>, String> {
+            Ok(match self.get(&["api", kind, vhost]).await? {
+                Answer::Found(Value::Array(items)) => items,
+                _ => Vec::new(),
+            })
+        };
+        let policies = list("policies").await?;
+        let operator_policies = list("operator-policies").await?;
+        for queue in queues {
+            let found = match self.get(&["api", "queues", vhost, queue]).await? {
+                Answer::Found(q) => {
+                    Some(QueueFacts::read_listed(&q, &policies, &operator_policies)?)
+                }
+                Answer::NotFound => None,
+                Answer::Refused(code) => {
+                    return Err(format!(
+                        "the management API refused to show queue {queue:?} to user {:?} \
+                         (HTTP {code}): the user needs access to the virtual host {vhost:?}",
+                        self.user
+                    ));
+                }
+            };
+            facts.queues.insert(queue.clone(), found);
+        }
+        Ok(facts)
+    }
+}
+
+/// An error with its causes, which reqwest keeps apart.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs `rabbitmqctl environment` and reads the node settings from it;
+/// refuses settings of another node than `node`, the one the API answered
+/// for.
+pub async fn read_node(rabbitmqctl: &str, node: Option<&str>) -> Result<NodeSettings, String> {
+    let run = tokio::process::Command::new(rabbitmqctl)
+        .arg("environment")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(ASK_TIMEOUT * 2, run)
+        .await
+        .map_err(|_| {
+            format!(
+                "{rabbitmqctl} environment did not answer in {:?}",
+                ASK_TIMEOUT * 2
+            )
+        })?
+        .map_err(|e| format!("cannot run {rabbitmqctl}: {e} (it runs on the broker's host)"))?;
+    if !output.status.success() {
+        let err = String::from_utf8_lossy(&output.stderr);
+        return Err(format!(
+            "{rabbitmqctl} environment failed: {}",
+            err.lines().next().unwrap_or("no message")
+        ));
+    }
+    let settings = NodeSettings::read_environment(&String::from_utf8_lossy(&output.stdout))?;
+    match node {
+        Some(node) if node != settings.node => Err(format!(
+            "{rabbitmqctl} reads node {}, but the broker that answered is {node}",
+            settings.node
+        )),
+        _ => Ok(settings),
+    }
+}
+
+/// Everything the doctor can learn about the broker for `config`.
+pub async fn gather(config: &ConsumerConfig, access: &BrokerAccess) -> BrokerFacts {
+    let topology = Topology::for_consumer(config);
+    let queues: Vec<String> = topology.queue_names().map(str::to_owned).collect();
+    let mut facts = BrokerFacts::default();
+    match Management::new(access) {
+        Ok(api) => match api.ask(&queues).await {
+            Ok(found) => facts.api = Some(found),
+            Err(why) => facts.api_missing = Some(why),
+        },
+        Err(why) => facts.api_missing = Some(why),
+    }
+    match &access.rabbitmqctl {
+        Some(program) => {
+            let node = facts.api.as_ref().map(|a| a.node.as_str());
+            match read_node(program, node).await {
+                Ok(settings) => facts.node = Some(settings),
+                Err(why) => facts.node_missing = Some(why),
+            }
+        }
+        None => {
+            facts.node_missing =
+                Some("rabbitmqctl was not asked (it reads them on the broker's host)".into());
+        }
+    }
+    let connected = tokio::time::timeout(
+        ASK_TIMEOUT,
+        crate::broker::connect_with_tls(&access.amqp_url, "warren doctor", &access.tls),
+    )
+    .await;
+    match connected {
+        Ok(Ok(connection)) => {
+            let frame_max = connection.configuration().frame_max();
+            let ring = match &topology.ring {
+                Some(ring) => Some(
+                    crate::broker::ring::check(&connection, ring)
+                        .await
+                        .map_err(|e| e.to_string()),
+                ),
+                None => None,
+            };
+            crate::broker::close_connection(&connection, "doctor done").await;
+            facts.connection = Some(ConnectionFacts { frame_max, ring });
+        }
+        Ok(Err(e)) => facts.connection_missing = Some(format!("cannot connect: {e}")),
+        Err(_) => {
+            facts.connection_missing = Some(format!("no connection within {ASK_TIMEOUT:?}"));
+        }
+    }
+    facts
+}
