@@ -219,19 +219,18 @@ mod tests {
     use super::super::facts::Policy;
     use super::*;
 
-    fn queue(arguments: Value, policy: Option<Value>, operator: Option<Value>) -> QueueFacts {
-        let definition = |v: Option<Value>| v.and_then(|v| v.as_object().cloned());
+    fn queue(arguments: &Value, policy: Option<&Value>, operator: Option<&Value>) -> QueueFacts {
+        let named = |name: &str, v: Option<&Value>| {
+            v.map(|p| Policy {
+                name: name.into(),
+                definition: p.as_object().cloned(),
+            })
+        };
         QueueFacts {
             queue_type: "quorum".into(),
             arguments: arguments.as_object().cloned().unwrap(),
-            policy: policy.clone().map(|p| Policy {
-                name: "p".into(),
-                definition: definition(Some(p)),
-            }),
-            operator_policy: operator.clone().map(|p| Policy {
-                name: "op".into(),
-                definition: definition(Some(p)),
-            }),
+            policy: named("p", policy),
+            operator_policy: named("op", operator),
             ..QueueFacts::default()
         }
     }
@@ -239,9 +238,9 @@ mod tests {
     #[test]
     fn the_lowest_limit_wins_wherever_it_is_set() {
         let q = queue(
-            json!({"x-message-ttl": 5000, "x-max-length": 10}),
-            Some(json!({"message-ttl": 3000, "max-length": 100})),
-            Some(json!({"message-ttl": 4000, "max-length": 5})),
+            &json!({"x-message-ttl": 5000, "x-max-length": 10}),
+            Some(&json!({"message-ttl": 3000, "max-length": 100})),
+            Some(&json!({"message-ttl": 4000, "max-length": 5})),
         );
         let ttl = effective(&q, Setting::MessageTtl, None).unwrap();
         assert_eq!(
@@ -259,8 +258,8 @@ mod tests {
     #[test]
     fn the_argument_wins_for_the_dead_letter_target() {
         let q = queue(
-            json!({"x-dead-letter-exchange": ""}),
-            Some(json!({"dead-letter-exchange": "elsewhere", "dead-letter-routing-key": "k"})),
+            &json!({"x-dead-letter-exchange": ""}),
+            Some(&json!({"dead-letter-exchange": "elsewhere", "dead-letter-routing-key": "k"})),
             None,
         );
         let dlx = effective(&q, Setting::DeadLetterExchange, None).unwrap();
@@ -275,13 +274,13 @@ mod tests {
     #[test]
     fn on_quorum_queues_the_policy_wins_for_overflow() {
         let q = queue(
-            json!({"x-overflow": "reject-publish"}),
-            Some(json!({"overflow": "drop-head"})),
+            &json!({"x-overflow": "reject-publish"}),
+            Some(&json!({"overflow": "drop-head"})),
             None,
         );
         let overflow = effective(&q, Setting::Overflow, Version::parse("3.10.8")).unwrap();
         assert_eq!(overflow.value, json!("drop-head"));
-        let mut classic = q.clone();
+        let mut classic = q;
         classic.queue_type = "classic".into();
         let overflow = effective(&classic, Setting::Overflow, Version::parse("3.10.8")).unwrap();
         assert_eq!(overflow.value, json!("reject-publish"));
@@ -289,7 +288,7 @@ mod tests {
 
     #[test]
     fn unreadable_policies_are_read_from_the_brokers_merge() {
-        let mut q = queue(json!({"x-delivery-limit": 1_000_000_000}), None, None);
+        let mut q = queue(&json!({"x-delivery-limit": 1_000_000_000}), None, None);
         q.policy = Some(Policy {
             name: "limits".into(),
             definition: None,
@@ -303,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_negative_limit_is_zero_on_3x_and_off_on_4x() {
-        let q = queue(json!({"x-delivery-limit": -1}), None, None);
+        let q = queue(&json!({"x-delivery-limit": -1}), None, None);
         assert_eq!(
             delivery_limit(&q, Version::parse("3.13.7")),
             DeliveryLimit::Limit(0, Source::Argument)
@@ -315,8 +314,8 @@ mod tests {
         // Off by argument, limited by a policy: 4.x takes the larger of a
         // negative and a positive value, so the policy's limit holds.
         let q = queue(
-            json!({"x-delivery-limit": -1}),
-            Some(json!({"delivery-limit": 20})),
+            &json!({"x-delivery-limit": -1}),
+            Some(&json!({"delivery-limit": 20})),
             None,
         );
         assert_eq!(
@@ -327,7 +326,7 @@ mod tests {
 
     #[test]
     fn with_nothing_set_the_versions_default_applies() {
-        let q = queue(json!({}), None, None);
+        let q = queue(&json!({}), None, None);
         assert_eq!(
             delivery_limit(&q, Version::parse("3.13.7")),
             DeliveryLimit::Unlimited
