@@ -74,6 +74,21 @@ where
             )
             .fix("run the warren version that migrated the database, or a newer one"),
         ),
+        Err(e) if is_missing_table(&e.to_string()) => {
+            checks.push(
+                Check::new(
+                    "migrations",
+                    DATABASE,
+                    Status::Warn,
+                    format!("no warren tables in this database ({e}); the other database checks skipped"),
+                )
+                .fix(
+                    "a consumer creates its tables when it first starts; if one has run on it, \
+                     this is not its database",
+                ),
+            );
+            return checks;
+        }
         Err(e) => {
             checks.push(
                 Check::new(
@@ -166,6 +181,13 @@ where
     });
     checks.push(clock(store, expect).await);
     checks
+}
+
+/// A database's "no such table" in its own words.
+fn is_missing_table(error: &str) -> bool {
+    ["does not exist", "no such table", "doesn't exist"]
+        .iter()
+        .any(|m| error.contains(m))
 }
 
 async fn inbox<S: Checkup>(store: &S, expect: &DatabaseExpectations) -> Check {

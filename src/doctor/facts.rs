@@ -229,13 +229,27 @@ impl NodeSettings {
     }
 }
 
-/// The text of the `{rabbit, [...]}` term, up to its closing brace.
+/// The text of the `{rabbit, [...]}` term, up to its closing brace. Strings
+/// and quoted atoms are stepped over: log formats hold brackets.
 fn rabbit_section(text: &str) -> Option<&str> {
-    let compact_start = text.find("{rabbit,")?;
-    let rest = &text[compact_start..];
+    let start = text.find("{rabbit,")?;
+    let rest = &text[start..];
     let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
     for (i, c) in rest.char_indices() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
         match c {
+            '"' | '\'' => quote = Some(c),
             '{' | '[' => depth += 1,
             '}' | ']' => {
                 depth = depth.checked_sub(1)?;
@@ -280,6 +294,7 @@ mod tests {
      [{auth_backends,[rabbit_auth_backend_internal]},
       {consumer_timeout,1800000},
       {frame_max,131072},
+      {log,[{console,[{formatter,{rabbit_logger_text_fmt,#{prefix_format => [time,\" [\",level,\"] \"]}}}]}]},
       {loopback_users,[<<\"guest\">>]},
       {max_message_size,134217728},
       {tcp_listen_options,[{backlog,128},{nodelay,true}]}]},

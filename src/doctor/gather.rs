@@ -103,20 +103,9 @@ impl Management {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let mut client = reqwest::Client::builder().timeout(ASK_TIMEOUT);
-        if base.scheme() == "https" {
-            // The process's TLS provider: the same one the AMQP connection uses.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            client = client.tls_backend_rustls();
-            if let Some(ca) = &access.tls.ca_file {
-                let pem = std::fs::read(ca)
-                    .map_err(|e| format!("cannot read the CA file {}: {e}", ca.display()))?;
-                let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
-                    format!("the CA file {} holds no certificate: {e}", ca.display())
-                })?;
-                client = client.add_root_certificate(cert);
-            }
-        }
+        let client = reqwest::Client::builder()
+            .timeout(ASK_TIMEOUT)
+            .tls_backend_preconfigured(tls_config(access.tls.ca_file.as_deref())?);
         let client = client
             .build()
             .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
@@ -221,6 +210,32 @@ impl Management {
         }
         Ok(facts)
     }
+}
+
+/// TLS for the management API: the public roots and the AMQP connection's
+/// CA file, with the ring provider the AMQP connections use, given to the
+/// HTTP client rather than installed for the whole process.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = ca_file {
+        let unreadable = |e: &dyn std::fmt::Display| format!("cannot read the CA file {}: {e}", path.display());
+        for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
+            roots
+                .add(cert.map_err(|e| unreadable(&e))?)
+                .map_err(|e| unreadable(&e))?;
+        }
+    }
+    Ok(rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("no TLS version to offer: {e}"))?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
 }
 
 /// An error with its causes, which reqwest keeps apart.

@@ -102,6 +102,11 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check a consumer's deployment: the broker's version traps, each
+    /// queue's effective arguments and policies, consumer_timeout, message
+    /// and frame sizes, and (with --database-url) its database. Exits 1 if
+    /// a check fails.
+    Doctor(Box<crate::doctor::DoctorArgs>),
     /// The transactional outbox in a database.
     Outbox {
         /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
@@ -560,6 +565,9 @@ pub(crate) struct ConsumerArgs {
     /// The header partitions hash on.
     #[arg(long, requires = "partitions")]
     pub(crate) partition_header: Option<String>,
+    /// The consumer's prefetch: a quorum queue's delivery limit grows with it.
+    #[arg(long, default_value_t = warren::config::DEFAULT_PREFETCH)]
+    pub(crate) prefetch: u16,
 }
 
 #[derive(Subcommand)]
@@ -645,6 +653,11 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 
 impl ConsumerArgs {
     pub(crate) fn config(&self) -> Result<ConsumerConfig, String> {
+        self.builder().build().map_err(|e| e.to_string())
+    }
+
+    /// The consumer these flags define, to be built.
+    pub(crate) fn builder(&self) -> warren::config::ConsumerConfigBuilder {
         let mut retry =
             RetryPolicy::new(self.retry_tiers.iter().copied()).with_poison_limit(self.poison_limit);
         if let Some(n) = self.max_attempts {
@@ -652,6 +665,8 @@ impl ConsumerArgs {
         }
         let mut config = ConsumerConfig::builder(&self.queue, &self.queue)
             .with_queue_type(self.queue_type)
+            .with_prefetch(self.prefetch)
+            .with_concurrency(warren::config::DEFAULT_CONCURRENCY.min(usize::from(self.prefetch)))
             .with_retry(retry);
         if let Some(exchange) = &self.exchange {
             config = config.bind(exchange, self.binding_keys.iter().cloned());
@@ -665,7 +680,7 @@ impl ConsumerArgs {
                 config = config.with_partition_header(header);
             }
         }
-        config.build().map_err(|e| e.to_string())
+        config
     }
 }
 

@@ -100,6 +100,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             warren::broker::close_connection(&connection, "done").await;
             done?;
         }
+        Command::Doctor(args) => crate::doctor::run_doctor(*args, &cli.amqp_url, tls).await?,
         Command::Outbox {
             database_url,
             command,

@@ -15,6 +15,7 @@ use clap::Parser;
 mod cli;
 mod dead_letters;
 mod dispatch;
+mod doctor;
 mod dlq;
 mod inbox;
 mod outbox;
