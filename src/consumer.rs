@@ -254,6 +254,29 @@ impl<S: ConsumerStore> Consumer<S> {
                     session.close().await;
                     break;
                 }
+                SessionEnd::Cancelled => {
+                    // The channel is still open: what runs finishes and is
+                    // acked on it, rather than come back as redeliveries to
+                    // skip. Then the topology is declared again (a deleted
+                    // queue comes back; a deleted partition queue stops the
+                    // consumer with the ring's error) and the subscription
+                    // made anew. Never idle on an open connection.
+                    tracing::warn!(
+                        consumer_name = %config.name,
+                        queue_name = %config.queue,
+                        in_flight = in_flight.len(),
+                        "the broker cancelled the subscription (queue deleted or failed over, or \
+                         consumer_timeout); finishing what runs, then subscribing again"
+                    );
+                    self.inner.telemetry.subscription_cancelled();
+                    drain(&mut in_flight, config.shutdown_timeout).await;
+                    session.close().await;
+                    let wait = backoff.next_delay();
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
                 SessionEnd::Lost(reason) => {
                     let wait = backoff.next_delay();
                     tracing::warn!(
@@ -413,10 +436,12 @@ impl<S: ConsumerStore> Consumer<S> {
                 match next {
                     Some(Ok(delivery)) => dispatcher.push(delivery),
                     Some(Err(e)) => return SessionEnd::Lost(e.to_string()),
+                    None if session.consume.status().connected() => {
+                        return SessionEnd::Cancelled;
+                    }
                     None => {
                         return SessionEnd::Lost(
-                            "the broker ended the subscription (queue deleted or connection closed)"
-                                .into(),
+                            "the subscription ended with its connection".into(),
                         );
                     }
                 }

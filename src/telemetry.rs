@@ -555,6 +555,11 @@ impl Telemetry {
         .increment(1);
     }
 
+    /// The broker cancelled the subscription while the connection stayed open.
+    pub(crate) fn subscription_cancelled(&self) {
+        metrics::counter!("consumer_subscription_cancelled_total", &self.labels()).increment(1);
+    }
+
     pub(crate) fn slow_handler(&self) {
         metrics::counter!("consumer_slow_handlers_total", &self.labels()).increment(1);
     }

@@ -197,14 +197,19 @@ async fn metrics_show_what_happened<B: Backend>() {
     db.drop_db().await;
 }
 
-/// The broker cancels the subscription when its queue is deleted; the consumer
-/// declares the topology again, subscribes again, and carries on.
+/// The broker cancels the subscription when its queue is deleted
+/// (`basic.cancel`, as on a failover or a 4.3 consumer timeout) while the
+/// connection stays open. The consumer finishes the message it was running
+/// and settles it on the open channel, then declares the topology again,
+/// subscribes again, and carries on: never idle on an open connection.
 async fn deleted_queue_is_declared_again_and_consumption_resumes<B: Backend>() {
+    let handle = recorder();
     let db = B::create().await;
     let broker = TestBroker::new().await;
     broker.declare().await;
+    let config = broker.config();
     let running = Running::start(Consumer::new(
-        broker.config(),
+        config.clone(),
         db.store.clone(),
         routes::<B>(),
     ));
@@ -216,7 +221,21 @@ async fn deleted_queue_is_declared_again_and_consumption_resumes<B: Backend>() {
     );
     assert!(running.stats.health().is_ready());
 
+    // A message in the handler when the queue goes.
+    let running_when_deleted = TestBroker::message(&Job::slow(1500));
+    broker.publish(&running_when_deleted).await;
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            warren::broker::inspect_queue(&broker.connection, &broker.queue)
+                .await
+                .is_ok_and(|i| i.ready == 0)
+        })
+        .await,
+        "the consumer took the message"
+    );
     broker.delete_queue(&broker.queue).await;
+    // Finished and settled on the channel that was still open.
+    assert!(running.settled(1, Duration::from_secs(30)).await);
     // Back: declared again (with its binding) and subscribed.
     assert!(
         wait_for(Duration::from_secs(30), || async {
@@ -229,10 +248,26 @@ async fn deleted_queue_is_declared_again_and_consumption_resumes<B: Backend>() {
     );
     let after = TestBroker::message(&Job::ok());
     broker.publish(&after).await;
-    assert!(running.settled(1, Duration::from_secs(30)).await);
+    assert!(running.settled(2, Duration::from_secs(30)).await);
     assert!(running.stats.health().is_ready());
     running.stop().await.unwrap();
+    assert_eq!(
+        db.effects_for(&running_when_deleted.meta().message_id)
+            .await,
+        1
+    );
     assert_eq!(db.effects_for(&after.meta().message_id).await, 1);
+    let c = format!("consumer=\"{}\"", config.name());
+    assert_eq!(
+        value(
+            &handle.render(),
+            "consumer_subscription_cancelled_total",
+            &[&c]
+        ),
+        Some(1.0),
+        "{}",
+        handle.render()
+    );
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -94,6 +94,10 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) enum SessionEnd {
     Shutdown,
     Lost(String),
+    /// The broker cancelled the subscription (`basic.cancel`: the queue was
+    /// deleted or failed over, or a 4.3 consumer timeout fired) while the
+    /// connection stayed open.
+    Cancelled,
 }
 
 /// Errors a reconnect cannot fix.

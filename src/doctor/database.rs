@@ -80,7 +80,9 @@ where
                     "migrations",
                     DATABASE,
                     Status::Warn,
-                    format!("no warren tables in this database ({e}); the other database checks skipped"),
+                    format!(
+                        "no warren tables in this database ({e}); the other database checks skipped"
+                    ),
                 )
                 .fix(
                     "a consumer creates its tables when it first starts; if one has run on it, \

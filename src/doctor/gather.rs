@@ -222,20 +222,23 @@ fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig,
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
     if let Some(path) = ca_file {
-        let unreadable = |e: &dyn std::fmt::Display| format!("cannot read the CA file {}: {e}", path.display());
+        let unreadable =
+            |e: &dyn std::fmt::Display| format!("cannot read the CA file {}: {e}", path.display());
         for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
             roots
                 .add(cert.map_err(|e| unreadable(&e))?)
                 .map_err(|e| unreadable(&e))?;
         }
     }
-    Ok(rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| format!("no TLS version to offer: {e}"))?
-    .with_root_certificates(roots)
-    .with_no_client_auth())
+    Ok(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("no TLS version to offer: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
 }
 
 /// An error with its causes, which reqwest keeps apart.

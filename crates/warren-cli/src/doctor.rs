@@ -92,7 +92,9 @@ pub(crate) async fn run_doctor(
     if let Some(n) = args.max_body_bytes {
         builder = builder.with_max_body_bytes(n);
     }
-    let config = builder.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let config = builder
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let rabbitmqctl = if args.no_rabbitmqctl {
         None
     } else {
@@ -155,7 +157,9 @@ async fn database(url: &DatabaseUrl, expect: &DatabaseExpectations) -> Vec<Check
             Err(e) => unreachable(e.to_string()),
         },
         DatabaseUrl::Sqlite(u) => {
-            if let Err(CliError::Failed(e) | CliError::Usage(e)) = crate::dispatch::existing_sqlite(u) {
+            if let Err(CliError::Failed(e) | CliError::Usage(e)) =
+                crate::dispatch::existing_sqlite(u)
+            {
                 return unreachable(e);
             }
             match SqliteStore::connect(u).await {
