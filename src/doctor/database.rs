@@ -196,7 +196,9 @@ async fn inbox<S: Checkup>(store: &S, expect: &DatabaseExpectations) -> Check {
     let window = expect.inbox_retention;
     let cutoff = window
         .and_then(crate::retention::cutoff)
-        .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+        // Without a window only the count matters; any date every database
+        // stores will do.
+        .unwrap_or(chrono::DateTime::<Utc>::UNIX_EPOCH);
     match store.inbox_size(&expect.consumer, cutoff).await {
         Err(e) => Check::new("inbox", DATABASE, Status::Fail, format!("cannot read: {e}")),
         Ok(size) => match window {
@@ -256,26 +258,60 @@ async fn clock<S: Checkup>(store: &S, expect: &DatabaseExpectations) -> Check {
             Status::Pass,
             "an embedded database: it reads this host's clock",
         ),
-        Ok(Some(theirs)) => {
-            // Against the middle of the round trip, so its length is no skew.
-            let ours = before + (after - before) / 2;
-            let skew = (theirs - ours).abs().to_std().unwrap_or_default();
-            let round_trip = (after - before).to_std().unwrap_or_default();
-            let detail = format!(
-                "the database's clock is {} ms {} this host's (round trip {} ms)",
-                skew.as_millis(),
-                if theirs >= ours { "ahead of" } else { "behind" },
-                round_trip.as_millis()
-            );
-            let fix =
-                "synchronize both clocks (NTP): message ages, retention and leases compare them";
-            if skew > expect.skew_limit * 10 {
-                Check::new("clock-skew", DATABASE, Status::Fail, detail).fix(fix)
-            } else if skew > expect.skew_limit {
-                Check::new("clock-skew", DATABASE, Status::Warn, detail).fix(fix)
-            } else {
-                Check::new("clock-skew", DATABASE, Status::Pass, detail)
-            }
-        }
+        Ok(Some(theirs)) => skew(theirs, before, after, expect.skew_limit),
+    }
+}
+
+/// The database's clock read at `theirs`, between `before` and `after` on
+/// this host's.
+fn skew(
+    theirs: chrono::DateTime<Utc>,
+    before: chrono::DateTime<Utc>,
+    after: chrono::DateTime<Utc>,
+    limit: Duration,
+) -> Check {
+    // Against the middle of the round trip, so its length is no skew.
+    let ours = before + (after - before) / 2;
+    let skew = (theirs - ours).abs().to_std().unwrap_or_default();
+    let round_trip = (after - before).to_std().unwrap_or_default();
+    let detail = format!(
+        "the database's clock is {} ms {} this host's (round trip {} ms)",
+        skew.as_millis(),
+        if theirs >= ours { "ahead of" } else { "behind" },
+        round_trip.as_millis()
+    );
+    let fix = "synchronize both clocks (NTP): message ages, retention and leases compare them";
+    if skew > limit * 10 {
+        Check::new("clock-skew", DATABASE, Status::Fail, detail).fix(fix)
+    } else if skew > limit {
+        Check::new("clock-skew", DATABASE, Status::Warn, detail).fix(fix)
+    } else {
+        Check::new("clock-skew", DATABASE, Status::Pass, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skew_is_measured_from_the_middle_of_the_round_trip() {
+        let before = Utc::now();
+        let after = before + chrono::Duration::milliseconds(400);
+        let limit = Duration::from_secs(1);
+        let at = |ms| before + chrono::Duration::milliseconds(ms);
+        // Read half-way through a 400 ms round trip: no skew at all.
+        let same = skew(at(200), before, after, limit);
+        assert_eq!(same.status, Status::Pass);
+        assert!(
+            same.detail.starts_with("the database's clock is 0 ms"),
+            "{same:?}"
+        );
+        let ahead = skew(at(200 + 3_000), before, after, limit);
+        assert_eq!(ahead.status, Status::Warn);
+        assert!(ahead.detail.contains("3000 ms ahead of"), "{ahead:?}");
+        let behind = skew(at(200 - 15_000), before, after, limit);
+        assert_eq!(behind.status, Status::Fail);
+        assert!(behind.detail.contains("15000 ms behind"), "{behind:?}");
     }
 }

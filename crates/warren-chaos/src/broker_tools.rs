@@ -78,9 +78,33 @@ fn plugin(verb: &str) -> Result<(), String> {
 #[derive(Debug)]
 pub struct QueuePolicy {
     name: String,
+    operator: bool,
 }
 
 impl QueuePolicy {
+    /// `rabbitmqctl set_operator_policy --apply-to queues --priority 100 NAME
+    /// PATTERN DEFINITION`: an operator policy, which users' policies cannot
+    /// override (the lower limit of the two wins).
+    pub fn set_operator(name: &str, pattern: &str, definition: &str) -> Result<Self, String> {
+        run_tool_blocking(
+            "rabbitmqctl",
+            &[
+                "set_operator_policy",
+                "--apply-to",
+                "queues",
+                "--priority",
+                "100",
+                name,
+                pattern,
+                definition,
+            ],
+        )?;
+        Ok(QueuePolicy {
+            name: name.to_owned(),
+            operator: true,
+        })
+    }
+
     /// `rabbitmqctl set_policy --apply-to queues --priority 100 NAME PATTERN
     /// DEFINITION`; the high priority wins over the usual policies.
     pub fn set(name: &str, pattern: &str, definition: &str) -> Result<Self, String> {
@@ -99,15 +123,21 @@ impl QueuePolicy {
         )?;
         Ok(QueuePolicy {
             name: name.to_owned(),
+            operator: false,
         })
     }
 }
 
 impl Drop for QueuePolicy {
     fn drop(&mut self) {
+        let verb = if self.operator {
+            "clear_operator_policy"
+        } else {
+            "clear_policy"
+        };
         undo(
-            &format!("clear policy {}", self.name),
-            run_tool_blocking("rabbitmqctl", &["clear_policy", &self.name]),
+            &format!("{verb} {}", self.name),
+            run_tool_blocking("rabbitmqctl", &[verb, &self.name]),
         );
     }
 }

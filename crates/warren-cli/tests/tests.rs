@@ -15,4 +15,5 @@ mod console;
 mod console_support;
 mod console_tls;
 mod dead_letters;
+mod doctor;
 mod trace;
