@@ -168,26 +168,87 @@ impl QueueFacts {
 impl QueueFacts {
     /// Reads a queue with the policy lists of its virtual host
     /// (`/api/policies/{vhost}`, `/api/operator-policies/{vhost}`, which any
-    /// management user with access to the virtual host may read), taking
-    /// the definitions of the policies it names.
+    /// management user with access to the virtual host may read; `None`
+    /// where one was refused). The policy that applies is found in the list
+    /// as the broker finds it, by pattern, `apply-to` and priority: the
+    /// queue's own `policy` field lags until its statistics are next
+    /// emitted. Where a list is missing or a pattern does not read, the
+    /// queue's field names the policy.
     pub fn read_listed(
         queue: &Value,
-        policies: &[Value],
-        operator_policies: &[Value],
+        policies: Option<&[Value]>,
+        operator_policies: Option<&[Value]>,
     ) -> Result<Self, String> {
-        let named = |items: &[Value], key: &str| -> Option<Value> {
-            let name = queue.get(key).and_then(Value::as_str)?;
+        let name = queue.get("name").and_then(Value::as_str).unwrap_or("");
+        let kind = queue
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("classic");
+        let pick = |items: Option<&[Value]>, key: &str| -> Option<Value> {
+            let items = items?;
+            if let Some(found) = applicable(items, name, kind) {
+                return found.cloned();
+            }
+            let named = queue.get(key).and_then(Value::as_str)?;
             items
                 .iter()
-                .find(|p| p.get("name").and_then(Value::as_str) == Some(name))
+                .find(|p| p.get("name").and_then(Value::as_str) == Some(named))
                 .cloned()
         };
-        QueueFacts::read(
-            queue,
-            named(policies, "policy").as_ref(),
-            named(operator_policies, "operator_policy").as_ref(),
-        )
+        let policy = pick(policies, "policy");
+        let operator = pick(operator_policies, "operator_policy");
+        let mut queue = queue.clone();
+        if let Some(object) = queue.as_object_mut() {
+            // The names of what applies now, where the lists could tell.
+            for (key, list, found) in [
+                ("policy", policies, &policy),
+                ("operator_policy", operator_policies, &operator),
+            ] {
+                if list.is_some_and(|l| applicable(l, name, kind).is_some()) {
+                    let value = found
+                        .as_ref()
+                        .and_then(|p| p.get("name").cloned())
+                        .unwrap_or(Value::Null);
+                    object.insert(key.to_owned(), value);
+                }
+            }
+        }
+        QueueFacts::read(&queue, policy.as_ref(), operator.as_ref())
     }
+}
+
+/// The policy of `policies` the broker applies to queue `name` of type
+/// `kind`: the highest priority among those whose pattern matches the name
+/// and whose `apply-to` covers the queue. `Some(None)`: none applies;
+/// `None`: a pattern could not be read, so the list cannot tell.
+pub fn applicable<'a>(policies: &'a [Value], name: &str, kind: &str) -> Option<Option<&'a Value>> {
+    let mut best: Option<(i64, &Value)> = None;
+    for policy in policies {
+        let applies_to = policy
+            .get("apply-to")
+            .and_then(Value::as_str)
+            .unwrap_or("all");
+        let covers = match applies_to {
+            "all" | "queues" => true,
+            "classic_queues" => kind == "classic",
+            "quorum_queues" => kind == "quorum",
+            "streams" => kind == "stream",
+            _ => false,
+        };
+        if !covers {
+            continue;
+        }
+        let pattern = policy.get("pattern").and_then(Value::as_str).unwrap_or("");
+        let regex = regex_lite::Regex::new(pattern).ok()?;
+        if !regex.is_match(name) {
+            continue;
+        }
+        let priority = policy.get("priority").and_then(Value::as_i64).unwrap_or(0);
+        if best.is_none_or(|(p, _)| priority > p) {
+            best = Some((priority, policy));
+        }
+    }
+    Some(best.map(|(_, p)| p))
 }
 
 /// Node settings that 3.10's HTTP API does not show, read from
@@ -337,6 +398,43 @@ mod tests {
                 .consumer_timeout_ms,
             None
         );
+    }
+
+    #[test]
+    fn the_policy_that_applies_is_found_by_pattern_apply_to_and_priority() {
+        use serde_json::json;
+        let policies = vec![
+            json!({"name": "all-low", "pattern": ".*", "apply-to": "all", "priority": 0,
+                   "definition": {"max-length": 5}}),
+            json!({"name": "orders", "pattern": "^orders\\.", "apply-to": "quorum_queues",
+                   "priority": 5, "definition": {"delivery-limit": 20}}),
+            json!({"name": "exchanges", "pattern": ".*", "apply-to": "exchanges",
+                   "priority": 9, "definition": {}}),
+        ];
+        // The queue's own field still names a policy deleted seconds ago.
+        let queue = json!({"name": "orders.dead-letter", "type": "quorum",
+                           "arguments": {}, "policy": "deleted"});
+        let facts = QueueFacts::read_listed(&queue, Some(&policies), Some(&[])).unwrap();
+        let policy = facts.policy.unwrap();
+        assert_eq!(policy.name, "orders");
+        assert_eq!(policy.definition.unwrap()["delivery-limit"], 20);
+        assert_eq!(facts.operator_policy, None);
+        // A classic queue of the same name: only the policy for all queues.
+        let classic = json!({"name": "orders.dead-letter", "type": "classic", "arguments": {}});
+        let facts = QueueFacts::read_listed(&classic, Some(&policies), None).unwrap();
+        assert_eq!(facts.policy.unwrap().name, "all-low");
+        // Nothing matches: no policy, whatever the stale field says.
+        let other = json!({"name": "billing", "type": "quorum", "arguments": {}, "policy": "gone"});
+        let only = vec![policies[1].clone()];
+        assert_eq!(
+            QueueFacts::read_listed(&other, Some(&only), None)
+                .unwrap()
+                .policy,
+            None
+        );
+        // Without the list, the queue's field is all there is.
+        let named = QueueFacts::read_listed(&other, None, None).unwrap();
+        assert_eq!(named.policy.unwrap().definition, None);
     }
 
     #[test]

@@ -184,19 +184,21 @@ impl Management {
         };
         let mut facts = ApiFacts::read(&overview, flags.as_ref())?;
         let vhost = self.vhost.as_str();
-        let list = async |kind: &str| -> Result<Vec<Value>, String> {
+        let list = async |kind: &str| -> Result<Option<Vec<Value>>, String> {
             Ok(match self.get(&["api", kind, vhost]).await? {
-                Answer::Found(Value::Array(items)) => items,
-                _ => Vec::new(),
+                Answer::Found(Value::Array(items)) => Some(items),
+                _ => None,
             })
         };
         let policies = list("policies").await?;
         let operator_policies = list("operator-policies").await?;
         for queue in queues {
             let found = match self.get(&["api", "queues", vhost, queue]).await? {
-                Answer::Found(q) => {
-                    Some(QueueFacts::read_listed(&q, &policies, &operator_policies)?)
-                }
+                Answer::Found(q) => Some(QueueFacts::read_listed(
+                    &q,
+                    policies.as_deref(),
+                    operator_policies.as_deref(),
+                )?),
                 Answer::NotFound => None,
                 Answer::Refused(code) => {
                     return Err(format!(

@@ -20,9 +20,10 @@ fn recorded(version: &str) -> ApiFacts {
     };
     let r: Value = serde_json::from_str(text).unwrap();
     let mut api = ApiFacts::read(&r["overview"], Some(&r["feature_flags"])).unwrap();
-    let list = |k: &str| r[k].as_array().cloned().unwrap_or_default();
+    let list = |k: &str| r[k].as_array().cloned();
+    let (policies, operator) = (list("policies"), list("operator_policies"));
     for (name, q) in r["queues"].as_object().unwrap() {
-        let facts = QueueFacts::read_listed(q, &list("policies"), &list("operator_policies"));
+        let facts = QueueFacts::read_listed(q, policies.as_deref(), operator.as_deref());
         api.queues.insert(name.clone(), Some(facts.unwrap()));
     }
     api

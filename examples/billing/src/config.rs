@@ -46,6 +46,8 @@ pub struct Raw {
     pub console_tls_key: Option<String>,
     pub console_behind_proxy: Option<String>,
     pub console_identity_header: Option<String>,
+    pub management_url: Option<String>,
+    pub rabbitmqctl: Option<String>,
 }
 
 impl Raw {
@@ -87,6 +89,8 @@ impl Raw {
             console_identity_header: self
                 .console_identity_header
                 .or(other.console_identity_header),
+            management_url: self.management_url.or(other.management_url),
+            rabbitmqctl: self.rabbitmqctl.or(other.rabbitmqctl),
         }
     }
 }
@@ -127,6 +131,10 @@ pub struct Config {
     pub dead_letter_redact: Vec<String>,
     /// The web console on the dead-letter store, if enabled.
     pub console: Option<warren_console::ConsoleConfig>,
+    /// The broker's management API, for the checks at start.
+    pub management_url: Option<String>,
+    /// The rabbitmqctl the checks at start run, if any.
+    pub rabbitmqctl: Option<String>,
 }
 
 fn key<T, E: Reason>(name: &str, r: Result<T, E>) -> Result<T, String> {
@@ -303,7 +311,19 @@ impl Config {
                 "dead_letter_redact: {bad:?} is not a field name or dotted path"
             ));
         }
+        if let Some(url) = &raw.management_url {
+            // The same check the checks at start make, so a bad value stops
+            // the program here, with the key named.
+            warren::doctor::Management::new(&warren::doctor::BrokerAccess {
+                amqp_url: amqp_url.clone(),
+                management_url: Some(url.clone()),
+                ..warren::doctor::BrokerAccess::default()
+            })
+            .map_err(|e| format!("management_url: {e}"))?;
+        }
         Ok(Config {
+            management_url: raw.management_url,
+            rabbitmqctl: raw.rabbitmqctl,
             console,
             dead_letter_store,
             dead_letter_redact,
@@ -471,6 +491,8 @@ impl Config {
             partition_lease: self.partition_lease,
             dead_letter_store: self.dead_letter_store,
             dead_letter_redact: self.dead_letter_redact.clone(),
+            management_url: self.management_url.clone(),
+            rabbitmqctl: self.rabbitmqctl.clone(),
         }
     }
 

@@ -91,6 +91,7 @@ pub trait BillingDb: warren::store::Dialect {
         + warren::store::ConsumerStore
         + warren::store::Retention
         + warren::store::DeadLetterStore
+        + warren::store::Checkup
         + Store<Db = Self>;
 
     /// Creates billing's tables if missing (warren's are migrated by warren).

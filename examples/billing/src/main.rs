@@ -8,6 +8,7 @@
 mod amount;
 mod bench;
 mod chaos;
+mod checkup;
 mod config;
 mod credit;
 mod db;
@@ -137,6 +138,20 @@ struct Cli {
     /// --console-behind-proxy).
     #[arg(long, env = "BILLING_CONSOLE_IDENTITY_HEADER", global = true)]
     console_identity_header: Option<String>,
+    /// The broker's management HTTP API, for the checks at start
+    /// (http://user:pass@host:15672; a user tagged monitoring will do)
+    /// [default: port 15672 of the AMQP host, with the AMQP credentials].
+    #[arg(
+        long,
+        env = "BILLING_MANAGEMENT_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    management_url: Option<String>,
+    /// The rabbitmqctl to read the node's consumer_timeout and
+    /// max_message_size with at start, on the broker's host [default: not run].
+    #[arg(long, env = "BILLING_RABBITMQCTL", global = true)]
+    rabbitmqctl: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -298,6 +313,8 @@ impl Cli {
             console_tls_key: self.console_tls_key.clone(),
             console_behind_proxy: self.console_behind_proxy.clone(),
             console_identity_header: self.console_identity_header.clone(),
+            management_url: self.management_url.clone(),
+            rabbitmqctl: self.rabbitmqctl.clone(),
         };
         let file = match &self.config {
             Some(path) => config::Raw::from_file(path)?,

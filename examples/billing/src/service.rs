@@ -84,6 +84,12 @@ pub struct Settings {
     pub dead_letter_store: bool,
     /// Payload fields redacted before a dead letter is stored.
     pub dead_letter_redact: Vec<String>,
+    /// The broker's management API for the checks at start (`None`: port
+    /// 15672 of the AMQP host).
+    pub management_url: Option<String>,
+    /// The rabbitmqctl the checks at start read node settings with (`None`:
+    /// not run).
+    pub rabbitmqctl: Option<String>,
 }
 
 impl Default for Settings {
@@ -102,6 +108,8 @@ impl Default for Settings {
             partition_lease: DEFAULT_PARTITION_LEASE,
             dead_letter_store: true,
             dead_letter_redact: Vec::new(),
+            management_url: None,
+            rabbitmqctl: None,
         }
     }
 }
@@ -288,6 +296,7 @@ pub async fn run<B: BillingDb>(
     let recorder = builder
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    crate::checkup::at_start::<B>(&store, amqp_url, names, settings, inbox_retention).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     if let Some(window) = inbox_retention {
         tokio::spawn(purge_on_schedule::<B>(
