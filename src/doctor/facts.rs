@@ -221,7 +221,7 @@ impl QueueFacts {
 /// `kind`: the highest priority among those whose pattern matches the name
 /// and whose `apply-to` covers the queue. `Some(None)`: none applies;
 /// `None`: a pattern could not be read, so the list cannot tell.
-pub fn applicable<'a>(policies: &'a [Value], name: &str, kind: &str) -> Option<Option<&'a Value>> {
+fn applicable<'a>(policies: &'a [Value], name: &str, kind: &str) -> Option<Option<&'a Value>> {
     let mut best: Option<(i64, &Value)> = None;
     for policy in policies {
         let applies_to = policy
