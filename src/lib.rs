@@ -93,6 +93,8 @@ pub mod guide {
     pub mod production {}
     #[doc = include_str!("../docs/tracing.md")]
     pub mod tracing {}
+    #[doc = include_str!("../docs/doctor.md")]
+    pub mod doctor {}
     #[doc = include_str!("../docs/cli.md")]
     pub mod cli {}
     #[doc = include_str!("../docs/tls.md")]

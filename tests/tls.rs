@@ -285,3 +285,80 @@ async fn tls_mistakes_are_named() {
         .unwrap_err();
     assert!(err.to_string().contains("no-such-ca.pem"), "{err}");
 }
+
+/// `warren doctor` reads a management API served over HTTPS, trusting the
+/// AMQP connection's private CA; with only the public roots it is refused, the
+/// reason named. The API here is a stand-in serving one overview: the shared
+/// broker's management listener stays plain HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_reads_a_management_api_over_https_with_the_private_ca() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use warren::doctor::{BrokerAccess, Management};
+
+    let Some(dir) = tls_dir() else { return };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut request = vec![0u8; 4096];
+                let n = tls.read(&mut request).await.unwrap_or(0);
+                let request = String::from_utf8_lossy(&request[..n]).into_owned();
+                let body = if request.starts_with("GET /api/overview ")
+                    && request.contains("Authorization: Basic ")
+                {
+                    r#"{"rabbitmq_version":"3.10.8","node":"rabbit@tls","exchange_types":[]}"#
+                } else {
+                    "[]"
+                };
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    let access = |tls: TlsOptions| BrokerAccess {
+        amqp_url: "amqps://guest:guest@localhost:5671/%2f".into(),
+        tls,
+        management_url: Some(format!("https://localhost:{port}/")),
+        rabbitmqctl: None,
+    };
+    let trusted = Management::new(&access(trusting(&dir))).unwrap();
+    let facts = trusted.ask(&[]).await.unwrap();
+    assert_eq!(facts.version_text, "3.10.8");
+    assert_eq!(facts.node, "rabbit@tls");
+
+    let untrusting = Management::new(&access(TlsOptions::new())).unwrap();
+    let refused = untrusting.ask(&[]).await.unwrap_err();
+    assert!(
+        refused.contains("TLS") && refused.contains("localhost"),
+        "{refused}"
+    );
+    server.abort();
+}

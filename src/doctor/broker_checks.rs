@@ -731,6 +731,16 @@ fn consumer_timeout(
     let (timeout, from) = match (node, queue_timeout) {
         (Some(Some(n)), Some((q, source))) if q < n => (Some(q), source.to_string()),
         (Some(None) | None, Some((q, source))) => (Some(q), source.to_string()),
+        (Some(None), _)
+            if version
+                .and_then(Version::unset_consumer_timeout_ms)
+                .is_some() =>
+        {
+            (
+                version.and_then(Version::unset_consumer_timeout_ms),
+                "unset on the node: this version's fallback".to_owned(),
+            )
+        }
         (Some(n), _) => (n, "the node's consumer_timeout".to_owned()),
         (None, None) => {
             return Check::new(

@@ -34,13 +34,25 @@ pub struct BrokerAccess {
 }
 
 /// The management API's address with credentials taken out, and them.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Management {
     base: Url,
     user: String,
     password: String,
     vhost: String,
-    client: reqwest::Client,
+    /// TLS for an https:// API.
+    tls: std::sync::Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for Management {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("Management")
+            .field("base", &self.base.as_str())
+            .field("user", &self.user)
+            .field("vhost", &self.vhost)
+            .finish_non_exhaustive()
+    }
 }
 
 enum Answer {
@@ -51,21 +63,28 @@ enum Answer {
 
 impl Management {
     /// The management API `access` names (or the default one), for the
-    /// virtual host of its AMQP URL.
+    /// virtual host of its AMQP URL (the first, where it lists a cluster's
+    /// nodes).
     pub fn new(access: &BrokerAccess) -> Result<Self, String> {
-        let amqp: AMQPUri = access
-            .amqp_url
-            .parse()
-            .map_err(|e| format!("the AMQP URL does not parse: {e}"))?;
+        let first = crate::admin::split_url_list(&access.amqp_url)
+            .first()
+            .copied()
+            .unwrap_or_default();
+        let amqp: AMQPUri = first.parse().map_err(|e| {
+            format!(
+                "the AMQP URL {:?} does not parse: {e}",
+                crate::admin::redact_url(first)
+            )
+        })?;
         let mut base = match &access.management_url {
             Some(url) => Url::parse(url).map_err(|e| {
                 format!(
-                    "--management-url {:?} does not parse: {e}",
+                    "the management URL {:?} does not parse: {e}",
                     crate::admin::redact_url(url)
                 )
             })?,
             None => {
-                let scheme = if access.amqp_url.starts_with("amqps") {
+                let scheme = if first.starts_with("amqps") {
                     "https"
                 } else {
                     "http"
@@ -103,24 +122,17 @@ impl Management {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let client = reqwest::Client::builder()
-            .timeout(ASK_TIMEOUT)
-            .tls_backend_preconfigured(tls_config(access.tls.ca_file.as_deref())?);
-        let client = client
-            .build()
-            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        let tls = std::sync::Arc::new(tls_config(access.tls.ca_file.as_deref())?);
+        if base.host_str().is_none() {
+            return Err("the management URL names no host".into());
+        }
         Ok(Management {
             base,
             user,
             password,
             vhost: amqp.vhost,
-            client,
+            tls,
         })
-    }
-
-    /// The API's address, without credentials, and the user it asks as.
-    pub fn describe(&self) -> String {
-        format!("{} as {:?}", self.base, self.user)
     }
 
     fn url(&self, segments: &[&str]) -> Url {
@@ -134,29 +146,57 @@ impl Management {
 
     async fn get(&self, segments: &[&str]) -> Result<Answer, String> {
         let url = self.url(segments);
-        let response = self
-            .client
-            .get(url.clone())
-            .basic_auth(&self.user, Some(&self.password))
-            .send()
+        let (status, body) = tokio::time::timeout(ASK_TIMEOUT, self.fetch(&url))
             .await
-            .map_err(|e| {
+            .map_err(|_| {
                 format!(
-                    "cannot reach the management API at {}: {}",
-                    self.base,
-                    error_chain(&e)
+                    "the management API at {} did not answer in {ASK_TIMEOUT:?}",
+                    self.base
                 )
-            })?;
-        let status = response.status().as_u16();
+            })?
+            .map_err(|e| format!("cannot reach the management API at {}: {e}", self.base))?;
         match status {
-            200 => response
-                .json::<Value>()
-                .await
+            200 => serde_json::from_slice(&body)
                 .map(Answer::Found)
                 .map_err(|e| format!("{url} answered what is not JSON: {e}")),
             404 => Ok(Answer::NotFound),
             401 | 403 => Ok(Answer::Refused(status)),
             _ => Err(format!("{url} answered HTTP {status}")),
+        }
+    }
+
+    /// One GET: a connection of its own, HTTP/1.1, the body read whole (up
+    /// to [`MAX_ANSWER`]).
+    async fn fetch(&self, url: &Url) -> Result<(u16, bytes::Bytes), String> {
+        use base64::Engine as _;
+        let host = url.host_str().unwrap_or_default();
+        let port = url.port_or_known_default().unwrap_or(80);
+        let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let target = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        };
+        let credentials = base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{}", self.user, self.password));
+        let request = hyper::Request::get(target)
+            .header(hyper::header::HOST, format!("{host}:{port}"))
+            .header(hyper::header::AUTHORIZATION, format!("Basic {credentials}"))
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        if url.scheme() == "https" {
+            let name =
+                rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
+                    .map_err(|e| format!("{host} is not a TLS server name: {e}"))?;
+            let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::clone(&self.tls))
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            send(hyper_util::rt::TokioIo::new(stream), request).await
+        } else {
+            send(hyper_util::rt::TokioIo::new(tcp), request).await
         }
     }
 
@@ -243,7 +283,42 @@ fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig,
     )
 }
 
-/// An error with its causes, which reqwest keeps apart.
+/// The most the doctor reads of one answer: a virtual host's policies and a
+/// queue's statistics are far smaller.
+const MAX_ANSWER: usize = 16 * 1024 * 1024;
+
+/// Sends `request` on a new HTTP/1 connection over `io` and reads the answer.
+async fn send<T>(
+    io: T,
+    request: hyper::Request<http_body_util::Empty<bytes::Bytes>>,
+) -> Result<(u16, bytes::Bytes), String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    use http_body_util::BodyExt as _;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let driver = tokio::spawn(connection);
+    let answer = async {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let status = response.status().as_u16();
+        let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
+    }
+    .await;
+    driver.abort();
+    answer
+}
+
+/// An error with its causes.
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();

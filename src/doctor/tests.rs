@@ -231,6 +231,15 @@ fn consumer_timeout_against_what_warren_holds() {
     assert_eq!(with(Some(900_000)).status, Status::Warn);
     assert_eq!(with(Some(1_800_000)).status, Status::Pass);
     assert_eq!(with(None).status, Status::Pass);
+    // Unset on 4.3.3 and later: a day, not off.
+    let mut later = facts("4.3.0");
+    later.api.as_mut().unwrap().version = Version::parse("4.3.3");
+    later.node = Some(node(None, None));
+    let day = find(&check_broker(&config, &later), "consumer-timeout", "broker").clone();
+    assert!(
+        day.detail.starts_with("86400000 ms (unset on the node"),
+        "{day:?}"
+    );
     let mut unread = facts("3.10.8");
     unread.node = None;
     unread.node_missing = Some("rabbitmqctl not found".into());
@@ -321,4 +330,26 @@ fn a_partitioned_consumer_needs_the_plugin_and_an_intact_ring() {
         find(&checks, "queue-exists", "rec.credits.0").status,
         Status::Warn
     );
+}
+
+#[test]
+fn the_management_client_never_shows_its_password() {
+    let api = Management::new(&BrokerAccess {
+        amqp_url: "amqp://a:b@rabbit-1:5672/%2f,amqp://a:b@rabbit-2:5672/%2f".into(),
+        management_url: Some("http://monitor:s3cret@rabbit-1:15672".into()),
+        ..BrokerAccess::default()
+    })
+    .unwrap();
+    let shown = format!("{api:?}");
+    assert!(
+        shown.contains("monitor") && !shown.contains("s3cret"),
+        "{shown}"
+    );
+    let bad = Management::new(&BrokerAccess {
+        amqp_url: "amqp://guest:guest@localhost/%2f".into(),
+        management_url: Some("http://monitor:s3cret@".into()),
+        ..BrokerAccess::default()
+    })
+    .unwrap_err();
+    assert!(!bad.contains("s3cret"), "{bad}");
 }

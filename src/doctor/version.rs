@@ -114,6 +114,13 @@ impl Version {
         }
     }
 
+    /// The `consumer_timeout` in force when the node sets none (or an
+    /// invalid one): from 4.3.3 a day (rabbit_channel falls back to
+    /// 86400000 ms, commit efe3b7ce4f); before, none.
+    pub fn unset_consumer_timeout_ms(self) -> Option<u64> {
+        (self >= Version::new(4, 3, 3)).then_some(86_400_000)
+    }
+
     /// Whether the broker refuses transient non-exclusive queues and treats
     /// global QoS as per-consumer unless allowed in its configuration: from
     /// 4.3 (release notes 4.3.0, `global_qos` and `transient_nonexcl_queues`
@@ -217,6 +224,8 @@ mod tests {
             v("4.3.0").consumer_timeout_action(false),
             TimeoutAction::Ignored
         );
+        assert_eq!(v("4.3.2").unset_consumer_timeout_ms(), None);
+        assert_eq!(v("4.3.3").unset_consumer_timeout_ms(), Some(86_400_000));
         assert!(!v("4.2.0").refuses_deprecated_features());
         assert!(v("4.3.0").refuses_deprecated_features());
     }

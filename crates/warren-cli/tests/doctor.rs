@@ -258,6 +258,68 @@ async fn what_cannot_be_asked_is_skipped_and_no_password_is_printed() {
     assert!(stdout.contains("must be http:// or https://"), "{stdout}");
 }
 
+/// A broker user for one test, deleted when dropped.
+struct BrokerUser(String);
+
+impl BrokerUser {
+    fn monitoring(name: &str, password: &str) -> Self {
+        let ctl = |args: &[&str]| {
+            let out = std::process::Command::new("rabbitmqctl")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+        };
+        ctl(&["add_user", name, password]);
+        let user = BrokerUser(name.to_owned());
+        ctl(&["set_user_tags", name, "monitoring"]);
+        // Access to the virtual host, and no right to do anything in it.
+        ctl(&["set_permissions", "-p", "/", name, "^$", "^$", "^$"]);
+        user
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["delete_user", &self.0])
+            .output();
+    }
+}
+
+/// The least the checks need: a user tagged `monitoring` with access to the
+/// virtual host and no permission in it reads every queue and policy; the
+/// feature flags (administrator only before 3.13) are skipped.
+#[tokio::test]
+async fn a_monitoring_user_is_enough() {
+    let queue = unique("doctor-monitor");
+    declare(&queue).await;
+    let name = unique("doctor-mon");
+    let _user = BrokerUser::monitoring(&name, "mon-pw-4711");
+    let url = format!("http://{name}:mon-pw-4711@127.0.0.1:15672");
+    let out = doctor(
+        &queue,
+        &["--json", "--no-rabbitmqctl", "--management-url", &url],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("mon-pw-4711"), "{stdout}");
+    let found = checks(&out);
+    assert_eq!(status(&found, "broker-version", "broker")["status"], "pass");
+    assert_eq!(
+        status(&found, "delivery-limit", &format!("{queue}.dead-letter"))["status"],
+        "pass"
+    );
+    assert_eq!(
+        status(&found, "retry-ttl", &format!("{queue}.retry.5s"))["status"],
+        "pass"
+    );
+    let flags = status(&found, "feature-flags", "broker");
+    assert_eq!(flags["status"], "skip", "{flags}");
+    delete(&queue).await;
+}
+
 /// Two days ago, in the dialect of `B`.
 fn two_days_ago<B: Backend>() -> &'static str {
     match <B as Backend>::NAME {
