@@ -326,9 +326,9 @@ async fn the_doctor_reads_a_management_api_over_https_with_the_private_ca() {
                 };
                 let mut request = vec![0u8; 4096];
                 let n = tls.read(&mut request).await.unwrap_or(0);
-                let request = String::from_utf8_lossy(&request[..n]).into_owned();
-                let body = if request.starts_with("GET /api/overview ")
-                    && request.contains("Authorization: Basic ")
+                let request = String::from_utf8_lossy(&request[..n]).to_lowercase();
+                let body = if request.starts_with("get /api/overview ")
+                    && request.contains("authorization: basic ")
                 {
                     r#"{"rabbitmq_version":"3.10.8","node":"rabbit@tls","exchange_types":[]}"#
                 } else {
