@@ -86,32 +86,30 @@ impl QueuePolicy {
     /// PATTERN DEFINITION`: an operator policy, which users' policies cannot
     /// override (the lower limit of the two wins).
     pub fn set_operator(name: &str, pattern: &str, definition: &str) -> Result<Self, String> {
-        run_tool_blocking(
-            "rabbitmqctl",
-            &[
-                "set_operator_policy",
-                "--apply-to",
-                "queues",
-                "--priority",
-                "100",
-                name,
-                pattern,
-                definition,
-            ],
-        )?;
-        Ok(QueuePolicy {
-            name: name.to_owned(),
-            operator: true,
-        })
+        Self::set_with(true, name, pattern, definition)
     }
 
     /// `rabbitmqctl set_policy --apply-to queues --priority 100 NAME PATTERN
     /// DEFINITION`; the high priority wins over the usual policies.
     pub fn set(name: &str, pattern: &str, definition: &str) -> Result<Self, String> {
+        Self::set_with(false, name, pattern, definition)
+    }
+
+    fn set_with(
+        operator: bool,
+        name: &str,
+        pattern: &str,
+        definition: &str,
+    ) -> Result<Self, String> {
+        let verb = if operator {
+            "set_operator_policy"
+        } else {
+            "set_policy"
+        };
         run_tool_blocking(
             "rabbitmqctl",
             &[
-                "set_policy",
+                verb,
                 "--apply-to",
                 "queues",
                 "--priority",
@@ -123,7 +121,7 @@ impl QueuePolicy {
         )?;
         Ok(QueuePolicy {
             name: name.to_owned(),
-            operator: false,
+            operator,
         })
     }
 }
