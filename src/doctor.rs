@@ -29,6 +29,8 @@ mod database;
 mod effective;
 mod facts;
 mod gather;
+mod node_checks;
+mod queue_checks;
 mod report;
 mod version;
 
