@@ -349,6 +349,49 @@ async fn a_deleted_partition_queue_stops_the_start() {
     cleanup(db, broker, &[&config]).await;
 }
 
+/// A partition queue deleted under a running consumer: the broker cancels
+/// its subscription, and the consumer does not declare it again (its hash
+/// binding went with it, and a queue declared anew would sit unbound while
+/// the ring renumbered) but stops with the ring's error naming the queue,
+/// instead of sitting idle on an open connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_queue_deleted_under_a_running_consumer_stops_it() {
+    let db = Postgres::create().await;
+    let broker = TestBroker::new().await;
+    let config = partitioned(&broker, 4);
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<Postgres>(),
+    ));
+    one_owner_of_all(&db.store, &broker, &config).await;
+
+    let gone = format!("{}.2", broker.queue);
+    broker.delete_queue(&gone).await;
+    // It waits out the grace a recovering queue gets (30 s), then stops.
+    assert!(
+        wait_for(Duration::from_secs(120), || {
+            let done = running.finished();
+            async move { done }
+        })
+        .await,
+        "the consumer kept running on a ring without {gone}"
+    );
+    let error = running
+        .stop()
+        .await
+        .expect_err("the consumer stopped with an error");
+    assert!(
+        matches!(error, warren::Error::Broker(BrokerError::RingBroken(_))),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains(&format!("{gone:?}")),
+        "names the queue: {error}"
+    );
+    cleanup(db, broker, &[&config]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_partition_count_stops_the_start() {
     let db = Postgres::create().await;

@@ -283,6 +283,11 @@ impl Running {
             .expect("consumer task panicked")
     }
 
+    /// Whether the consumer has ended (by an error, or stopped).
+    pub fn finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
     /// Waits until `applied + duplicates + dead_lettered` reaches `n`.
     pub async fn settled(&self, n: u64, timeout: Duration) -> bool {
         let stats = self.stats.clone();

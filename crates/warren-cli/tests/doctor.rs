@@ -87,7 +87,7 @@ async fn policies_that_break_the_topology_fail_and_an_operator_cap_warns() {
         "pass"
     );
 
-    let escape = |name: &str| name.replace('.', "\\\\.");
+    let escape = |name: &str| name.replace('.', "\\.");
     let limit = warren_chaos::QueuePolicy::set(
         &format!("{queue}-dlq-limit"),
         &format!("^{}$", escape(&dlq)),
