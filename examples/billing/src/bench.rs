@@ -18,9 +18,11 @@
 //! and times `warren inbox purge` of a million expired ones while billing runs.
 //! `--sweep` runs row 4 over a grid of prefetch, concurrency and batch size.
 
+mod counts;
 mod dbs;
 mod probe;
 mod scale;
+mod wire;
 mod workloads;
 
 use std::future::Future;
@@ -58,6 +60,8 @@ pub struct BenchSpec {
     pub sweep: bool,
     /// The rows to run besides row 1.
     pub rows: Vec<u8>,
+    /// Count row 3's statements and ack frames on the wire (PostgreSQL).
+    pub counts: bool,
 }
 
 impl BenchSpec {
@@ -141,7 +145,10 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         let opened = crate::db::open(&db_url, Some(&schema), pool).await;
         let result = match opened {
             Ok(crate::db::Database::Postgres(store)) => {
-                let r = on_database::<Postgres>(&env, spec, store.clone(), settled).await;
+                let mut r = on_database::<Postgres>(&env, spec, store.clone(), settled).await;
+                if spec.counts && r.is_ok() {
+                    r = counted(&env, url, &schema, spec.messages.min(4000)).await;
+                }
                 store.pool().close().await;
                 r
             }
@@ -425,6 +432,17 @@ async fn on_database<B: BenchDb>(
     Ok(passed)
 }
 
+/// The counting pass on PostgreSQL (see `counts`); `Ok(false)` if a gate on
+/// the counts failed.
+async fn counted(env: &Env, url: &str, schema: &str, n: usize) -> Result<bool, String> {
+    println!("PostgreSQL: row 3 again, {n} messages, counted on the wire");
+    let Some(counts) = counts::row3(env, url, schema, n).await? else {
+        return Ok(true);
+    };
+    counts.print();
+    Ok(true)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -484,6 +502,7 @@ async fn one_insert_run<B: BenchDb>(
         n,
         isolation,
         failing,
+        &|| {},
     ))
     .await;
     let _ = warren::broker::delete(&env.connection, &t).await;

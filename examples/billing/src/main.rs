@@ -271,6 +271,11 @@ enum Command {
         /// baseline, always runs): any of 2, 3, 4, 5, 6.
         #[arg(long, value_delimiter = ',', default_value = "2,3,4,5,6")]
         rows: Vec<u8>,
+        /// After the rows on PostgreSQL, run row 3 again with its broker and
+        /// database connections through counting proxies, and print the
+        /// statements, round trips and ack frames it took.
+        #[arg(long)]
+        counts: bool,
     },
 }
 
@@ -593,6 +598,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             inbox_rows,
             sweep,
             rows,
+            counts,
         } => {
             if let Some(bad) = rows.iter().find(|r| !(1..=6).contains(*r)) {
                 return Err(format!("--rows: {bad} is not a row; the rows are 1 to 6"));
@@ -633,6 +639,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 inbox_rows: *inbox_rows,
                 sweep: *sweep,
                 rows: rows.clone(),
+                counts: *counts,
             };
             bench::run(cli, &spec, &SETTLED).await
         }

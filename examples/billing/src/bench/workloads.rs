@@ -221,11 +221,17 @@ pub async fn seed_pattern<B: BenchDb>(
     Ok(elapsed)
 }
 
-/// Waits until `applied` reaches `n`, from the moment `consuming` turns true.
-async fn drained(stats: &warren::telemetry::StatsHandle, n: usize) -> Duration {
+/// Waits until `applied` reaches `n`, from the moment `consuming` turns true
+/// (when `on_consuming` runs).
+async fn drained(
+    stats: &warren::telemetry::StatsHandle,
+    n: usize,
+    on_consuming: &(dyn Fn() + Sync),
+) -> Duration {
     while !stats.health().consuming {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    on_consuming();
     let start = Instant::now();
     while {
         let s = stats.snapshot();
@@ -239,6 +245,7 @@ async fn drained(stats: &warren::telemetry::StatsHandle, n: usize) -> Duration {
 
 /// Row 3: warren's consumer, the handler writing one row; for row 6 with
 /// another batch isolation, or failing for one message in fifty.
+/// `on_consuming` runs once the consumer has subscribed.
 pub async fn warren_one_insert<B: BenchDb>(
     env: &Env,
     store: B::S,
@@ -246,6 +253,7 @@ pub async fn warren_one_insert<B: BenchDb>(
     n: usize,
     isolation: BatchIsolation,
     failing: bool,
+    on_consuming: &(dyn Fn() + Sync),
 ) -> Result<(Duration, warren::telemetry::ConsumerStats), String> {
     let routes: Registry<B> = if failing {
         Registry::new().route(PAID_V1, 1, one_insert_failing::<B>)
@@ -267,7 +275,7 @@ pub async fn warren_one_insert<B: BenchDb>(
             })
             .await
     });
-    let elapsed = drained(&stats, n).await;
+    let elapsed = drained(&stats, n, on_consuming).await;
     let _ = stop.send(());
     task.await
         .map_err(|e| e.to_string())?
@@ -313,7 +321,7 @@ pub async fn start_billing<B: BenchDb>(
 impl Billing {
     /// Row 4: how long the filled queue takes to drain.
     pub async fn drain(&self, n: usize) -> Duration {
-        drained(&self.running.stats, n).await
+        drained(&self.running.stats, n, &|| {}).await
     }
 
     /// Publishes invoices at `rate` a second for `period` and returns the
