@@ -21,8 +21,9 @@ pub const DEFAULT_PREFETCH: u16 = 32;
 pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Default largest number of deliveries applied in one database transaction.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
-/// Default wall time after which a batch stops taking its next message and
-/// commits what it applied: bounds how long one batch holds a SQLite write lock.
+/// Default wall time, on SQLite, after which a batch stops taking its next
+/// message and commits what it applied: bounds how long one batch holds the
+/// write lock. PostgreSQL and MySQL have no limit unless one is set.
 pub const DEFAULT_BATCH_TIME_LIMIT: Duration = Duration::from_millis(100);
 /// Default longest wait for a row lock inside a transaction over several
 /// messages: past it the wait fails as a lock conflict and the batch is split.

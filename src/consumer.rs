@@ -448,7 +448,7 @@ impl<S: ConsumerStore> Consumer<S> {
             }
             // What else the broker already sent joins, never waiting for more.
             while dispatcher.buffered() < dispatcher.batch_size() {
-                match session.subscription.next_buffered().await {
+                match session.subscription.next_buffered() {
                     Some(Ok(delivery)) => dispatcher.push(delivery),
                     Some(Err(e)) => return SessionEnd::Lost(e.to_string()),
                     None => break,

@@ -1,5 +1,6 @@
 //! The handler API: a plain `async fn` that takes the typed message and the open
-//! transaction, and says how it went.
+//! transaction, and says how it went; or, for set-based writes, one that takes
+//! every new message of its route in the transaction ([`Batch`]).
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -12,6 +13,10 @@ use sqlx::Database;
 
 pub use crate::failure::BoxError;
 pub use crate::idempotency::idempotency_key;
+pub use batch::{Batch, BatchError, BatchHandler, BatchResult};
+
+mod batch;
+pub(crate) use batch::{BatchFailure, ErasedBatch, TypedBatch};
 
 use crate::envelope::Metadata;
 use crate::failure::HandlerError;
@@ -84,7 +89,19 @@ pub(crate) trait ErasedHandler<DB: Database>: Send + Sync {
         redelivered: bool,
         attempt: u32,
         partition_key: Option<String>,
-    ) -> Result<Box<dyn BoundCall<DB>>, serde_json::Error>;
+    ) -> Result<Call<DB>, serde_json::Error>;
+}
+
+/// A message bound to its route, waiting for a transaction.
+pub(crate) enum Call<DB: Database> {
+    /// For a handler of one message: the call itself.
+    One(Box<dyn BoundCall<DB>>),
+    /// For a batch handler: the typed message, handed over with the others
+    /// of its route in the unit of work.
+    Batch {
+        route: Arc<dyn ErasedBatch<DB>>,
+        message: Box<dyn std::any::Any + Send>,
+    },
 }
 
 /// A handler call with its message, waiting for a transaction.
@@ -130,9 +147,9 @@ where
         redelivered: bool,
         attempt: u32,
         partition_key: Option<String>,
-    ) -> Result<Box<dyn BoundCall<DB>>, serde_json::Error> {
+    ) -> Result<Call<DB>, serde_json::Error> {
         let payload: T = serde_json::from_str(payload.get())?;
-        Ok(Box::new(Bound {
+        Ok(Call::One(Box::new(Bound {
             handler: Arc::clone(&self.handler),
             state: self.state.clone(),
             msg: Message {
@@ -143,7 +160,7 @@ where
                 partition_key,
             },
             _shape: PhantomData::<fn() -> M>,
-        }))
+        })))
     }
 }
 

@@ -180,6 +180,7 @@ pub use config::settings::ConsumerConfig;
 pub use consumer::Consumer;
 pub use error::Error;
 pub use failure::HandlerError;
+pub use handler::{Batch, BatchError, BatchResult};
 pub use message::{Message, State};
 pub use outgoing::Outgoing;
 pub use registry::Registry;

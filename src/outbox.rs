@@ -26,11 +26,21 @@ pub use crate::outbox_row::{
 /// the AMQP properties cannot carry, an exchange or routing key over 255 bytes)
 /// is refused here with [`StoreError::InvalidMessage`], while the caller can
 /// still act on it, rather than stored to fail in the relay later.
+///
+/// On PostgreSQL it also notifies relays in other processes, delivered when
+/// the transaction commits (several in one transaction arrive as one); wake
+/// a relay in this process with [`Wakeups::wake`](crate::store::Wakeups::wake)
+/// after the commit.
 pub async fn enqueue<DB: Dialect>(
     conn: &mut DB::Connection,
     exchange: &str,
     routing_key: &str,
     message: &Outgoing,
 ) -> Result<(), StoreError> {
-    crate::store::insert_outbox::<DB>(conn, exchange, routing_key, message).await
+    crate::store::insert_outbox::<DB>(conn, exchange, routing_key, std::slice::from_ref(message))
+        .await?;
+    if let Some(notify) = DB::SQL.notify_outbox {
+        DB::execute_raw(conn, notify).await?;
+    }
+    Ok(())
 }

@@ -29,7 +29,7 @@ use crate::dispatcher::{Batch, BatchGate, BatchSize};
 use crate::disposition::{Disposition, History, Rules};
 use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
 use crate::failure::DeadLetterReason;
-use crate::handler::BoundCall;
+use crate::handler::Call;
 use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, HEADER_PUBLISHED_AT_MS, Signer};
 use crate::partition::{self, KeyError};
 use crate::registry::Registry;
@@ -119,7 +119,7 @@ type Decided = (Disposition, Option<GatedVersion>);
 type Unrouted = (Disposition, Option<Box<Metadata>>);
 
 /// A valid delivery's metadata and its handler call, bound to its payload.
-type Routed<DB> = (Metadata, Box<dyn BoundCall<DB>>);
+type Routed<DB> = (Metadata, Call<DB>);
 
 impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// A pipeline that applies deliveries through `registry` in transactions

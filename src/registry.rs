@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use sqlx::Database;
 
 use crate::failure::DeadLetterReason;
-use crate::handler::{ErasedHandler, Handler, Typed};
+use crate::handler::{BatchHandler, ErasedHandler, Handler, Typed, TypedBatch};
 
 /// The routing table of a consumer. By convention the event type ends in the
 /// schema version (`.v1` for version 1), and is the routing key too.
@@ -74,19 +74,60 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
     ///
     /// If the pair is already routed: two handlers for one version is a programming
     /// error, better found at start than in production.
-    pub fn route<T, H, M>(mut self, event_type: &str, schema_version: u32, handler: H) -> Self
+    pub fn route<T, H, M>(self, event_type: &str, schema_version: u32, handler: H) -> Self
     where
         T: DeserializeOwned + Send + 'static,
         M: 'static,
         H: for<'a> Handler<'a, T, DB, S, M>,
     {
+        let route = Arc::new(Typed::new(handler, self.state.clone()));
+        self.insert(event_type, schema_version, route)
+    }
+
+    /// Routes `event_type` at `schema_version` to a batch handler: one call
+    /// with every new message of this route in a transaction
+    /// ([`Batch`](crate::Batch)), for set-based writes. Each message is still
+    /// claimed in the inbox one by one, duplicates never reach the handler,
+    /// and each gets its own outcome (see [`BatchError`](crate::BatchError)).
+    /// A message alone (a suspect, a lane, low load) comes as a batch of one.
+    ///
+    /// ```
+    /// # use warren::{Batch, BatchResult, Registry, Tx};
+    /// # use warren::sqlx::Sqlite;
+    /// # #[derive(serde::Deserialize)] struct PaidV1 { amount: i64 }
+    /// async fn credit_points(batch: Batch<PaidV1>, tx: &mut Tx<Sqlite>) -> BatchResult {
+    ///     Ok(())
+    /// }
+    ///
+    /// let routes = Registry::<Sqlite>::new().route_batch("billing.invoice-paid.v1", 1, credit_points);
+    /// assert_eq!(routes.len(), 1);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the pair is already routed.
+    pub fn route_batch<T, H, M>(self, event_type: &str, schema_version: u32, handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        M: 'static,
+        H: for<'a> BatchHandler<'a, T, DB, S, M>,
+    {
+        let route = Arc::new(TypedBatch::new(handler, self.state.clone()));
+        self.insert(event_type, schema_version, route)
+    }
+
+    fn insert(
+        mut self,
+        event_type: &str,
+        schema_version: u32,
+        route: Arc<dyn ErasedHandler<DB>>,
+    ) -> Self {
         let key = (event_type.to_owned(), schema_version);
         assert!(
             !self.routes.contains_key(&key),
             "{event_type} v{schema_version} is already routed to a handler"
         );
-        self.routes
-            .insert(key, Arc::new(Typed::new(handler, self.state.clone())));
+        self.routes.insert(key, route);
         self
     }
 

@@ -457,6 +457,28 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
         self.redeliver(message).await
     }
 
+    /// Delivers `messages` as one batch ([`deliver_batch`](Self::deliver_batch)),
+    /// lets its transaction commit, then loses the acks as a process dying at
+    /// that moment would: the broker hands each message out again,
+    /// redelivered. Returns how each second delivery settled; the inbox should
+    /// make each [`Settled::Duplicate`], without a solo run.
+    ///
+    /// # Panics
+    ///
+    /// If a message of the batch did not commit.
+    pub async fn crash_after_batch_commit(&self, messages: &[Outgoing]) -> Vec<Settled> {
+        let first = self.deliver_batch(messages).await;
+        assert!(
+            first.iter().all(|s| *s == Settled::Applied),
+            "crash_after_batch_commit: the batch did not commit whole: {first:?}"
+        );
+        let mut again = Vec::with_capacity(messages.len());
+        for message in messages {
+            again.push(self.redeliver(message).await);
+        }
+        again
+    }
+
     /// Delivers `message` as attempt `attempt` (1-based): as the copy a retry
     /// tier returns after `attempt - 1` failed attempts. The attempt count
     /// travels in warren's signed header, so the handler sees

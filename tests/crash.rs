@@ -18,8 +18,8 @@ use warren::topology::QueueType;
 use warren::{Consumer, Relay, RelayConfig};
 
 use crate::util::{
-    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, routes, test_config,
-    wait_for,
+    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, batch_routes, routes,
+    test_config, wait_for,
 };
 
 const CHILD_ENV: &str = "WARREN_TEST_CHILD";
@@ -49,6 +49,8 @@ pub(crate) struct ChildOptions {
     /// Also runs a second consumer in the same process, on the test consumer's
     /// topology under this name (its queue is `<name>.jobs`).
     pub(crate) neighbour: Option<String>,
+    /// Routes the jobs to the batch handler.
+    pub(crate) batch_handler: bool,
 }
 
 /// The consumer process. Does nothing unless started by a crash test.
@@ -107,7 +109,12 @@ async fn run_child<B: Backend>(spec: ChildSpec) {
         let consumer = Consumer::new(config, store.clone(), routes::<B>());
         tokio::spawn(async move { consumer.run(&amqp_url(), warren::shutdown_signal()).await })
     });
-    let consumer = Consumer::new(configure(&spec.name, &spec.queue), store, routes::<B>());
+    let main_routes = if options.batch_handler {
+        batch_routes::<B>()
+    } else {
+        routes::<B>()
+    };
+    let consumer = Consumer::new(configure(&spec.name, &spec.queue), store, main_routes);
     let stats = consumer.stats();
     if options.relay {
         let relay = RelayConfig::new(&spec.name).with_poll_interval(Duration::from_millis(200));
@@ -290,6 +297,7 @@ impl ChildProcess {
 
 on_all_backends!(
     crash_after_a_batch_commit_before_its_ack,
+    crash_after_a_batch_handlers_commit_before_its_ack,
     an_unknown_batch_commit_outcome_is_recognized_when_the_messages_return,
     crash_after_commit_before_ack,
     crash_before_commit,
@@ -525,12 +533,36 @@ fn applied_and_duplicates(stats: &str) -> (i64, i64) {
 /// messages of that batch come back, and the inbox recognizes each one; every
 /// message that had not committed applies after the restart, once.
 async fn crash_after_a_batch_commit_before_its_ack<B: Backend>() {
+    crash_after_batch_commit::<B>(false).await;
+}
+
+/// The same with a batch handler, which wrote the whole batch's effects in
+/// one statement.
+async fn crash_after_a_batch_handlers_commit_before_its_ack<B: Backend>() {
+    crash_after_batch_commit::<B>(true).await;
+}
+
+async fn crash_after_batch_commit<B: Backend>(batch_handler: bool) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     broker.declare().await;
     let ids = prefill(&broker, 24).await;
+    let options = ChildOptions {
+        batch_handler,
+        ..ChildOptions::default()
+    };
+    let spawn = |failpoints| {
+        spawn_with::<B>(
+            &db.url,
+            &broker,
+            failpoints,
+            QueueType::Quorum,
+            "consumer",
+            options.clone(),
+        )
+    };
 
-    spawn::<B>(&db.url, &broker, Some("after-batch-commit-before-ack=1"))
+    spawn(Some("after-batch-commit-before-ack=1"))
         .wait_for_abort()
         .await;
     // The crashing batch, and whatever other workers committed before it.
@@ -538,7 +570,7 @@ async fn crash_after_a_batch_commit_before_its_ack<B: Backend>() {
     assert!(committed >= 2, "a batch of several committed: {committed}");
     assert_eq!(db.inbox(&broker.name).await, committed);
 
-    let mut restarted = spawn::<B>(&db.url, &broker, None);
+    let mut restarted = spawn(None);
     let mut duplicates_seen = 0;
     let settled = async {
         loop {

@@ -8,6 +8,7 @@
 #[path = "support/mod.rs"]
 mod util;
 
+mod batch_handlers;
 mod batching;
 #[cfg(feature = "failpoints")]
 mod blame;

@@ -13,14 +13,9 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 
-use super::acks::AckWatermark;
+use super::acks::{AckLedger, AckPolicy};
 use super::guard::{Pruned, take_pruned};
 use super::{BrokerError, Publisher, close_channel, deadline, short};
-
-/// The open deliveries of a subscription's channel, shared by the stream that
-/// receives them and the port that acks them. Held while acks are sent, so
-/// they leave in the order they were planned.
-type Watermark = Arc<tokio::sync::Mutex<AckWatermark>>;
 
 /// A delivery as the pipeline sees it: the broker's tag, where it came from, and
 /// what it carries. Of the client's types only its model of AMQP properties
@@ -100,59 +95,111 @@ pub(crate) trait Port: Send + Sync {
     fn frame_max(&self) -> usize;
 }
 
-/// The port on a live session: acks on the consuming channel, copies through
-/// the session's publisher (a connection of its own).
-pub(crate) struct Amqp {
+/// The settlements of one channel: the ledger of its open and held
+/// deliveries, and the one writer that sends its acks and nacks in the order
+/// they were planned.
+pub(crate) struct Acker {
     channel: Channel,
-    publisher: Arc<Publisher>,
-    watermark: Watermark,
+    policy: AckPolicy,
+    /// Never held across an await: the stream takes it for every delivery.
+    ledger: std::sync::Mutex<AckLedger>,
+    /// Held while frames are planned and sent, so that they leave in order.
+    writer: tokio::sync::Mutex<()>,
+    /// Something was held: the timer task looks at when it is due.
+    held: tokio::sync::Notify,
 }
 
-impl Amqp {
-    async fn send_ack(&self, tag: u64, multiple: bool) -> Result<(), BrokerError> {
+impl Acker {
+    fn new(channel: Channel, prefetch: u16) -> Self {
+        Self {
+            channel,
+            policy: AckPolicy::for_prefetch(prefetch),
+            ledger: std::sync::Mutex::default(),
+            writer: tokio::sync::Mutex::new(()),
+            held: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, AckLedger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Holds the acks of `tags`, then sends what the ledger releases now.
+    async fn hold(&self, tags: &[u64]) -> Result<(), BrokerError> {
+        self.ledger().hold(tags, std::time::Instant::now());
+        self.held.notify_one();
+        self.flush(false).await
+    }
+
+    /// Sends the acks the ledger releases now; every held one if `force`.
+    async fn flush(&self, force: bool) -> Result<(), BrokerError> {
+        let _writer = self.writer.lock().await;
+        let plan = self
+            .ledger()
+            .plan(std::time::Instant::now(), self.policy, force);
+        for (tag, multiple) in plan {
+            deadline(
+                "basic.ack",
+                self.channel.basic_ack(tag, BasicAckOptions { multiple }),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Hands `tag` back for redelivery, after whatever acks were planned
+    /// before it.
+    async fn requeue(&self, tag: u64) -> Result<(), BrokerError> {
+        let _writer = self.writer.lock().await;
+        self.ledger().done(tag);
         deadline(
-            "basic.ack",
-            self.channel.basic_ack(tag, BasicAckOptions { multiple }),
+            "basic.nack",
+            self.channel.basic_nack(
+                tag,
+                BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                },
+            ),
         )
         .await
     }
+
+    /// Sends held acks when they fall due, until the channel closes.
+    async fn release_when_due(self: Arc<Self>) {
+        loop {
+            let due = self.ledger().due(self.policy);
+            match due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => self.held.notified().await,
+            }
+            if self.flush(false).await.is_err() && !self.channel.status().connected() {
+                return;
+            }
+        }
+    }
+}
+
+/// The port on a live session: acks on the consuming channel, copies through
+/// the session's publisher (a connection of its own).
+pub(crate) struct Amqp {
+    acker: Arc<Acker>,
+    publisher: Arc<Publisher>,
 }
 
 impl Port for Amqp {
     fn ack(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(async move {
-            let mut watermark = self.watermark.lock().await;
-            watermark.done(tag);
-            self.send_ack(tag, false).await
-        })
+        Box::pin(async move { self.acker.hold(&[tag]).await })
     }
 
     fn ack_all<'a>(&'a self, tags: &'a [u64]) -> BoxFuture<'a, Result<(), BrokerError>> {
-        Box::pin(async move {
-            let mut watermark = self.watermark.lock().await;
-            for (tag, multiple) in watermark.plan(tags) {
-                self.send_ack(tag, multiple).await?;
-            }
-            Ok(())
-        })
+        Box::pin(self.acker.hold(tags))
     }
 
     fn requeue(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(async move {
-            let mut watermark = self.watermark.lock().await;
-            watermark.done(tag);
-            deadline(
-                "basic.nack",
-                self.channel.basic_nack(
-                    tag,
-                    BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
-                    },
-                ),
-            )
-            .await
-        })
+        Box::pin(self.acker.requeue(tag))
     }
 
     fn publish<'a>(
@@ -169,13 +216,15 @@ impl Port for Amqp {
     }
 }
 
-/// A consumer subscription: the channel with its prefetch, and the stream of
-/// deliveries.
+/// A consumer subscription: the channel with its prefetch, the stream of
+/// deliveries, and their settlements.
 pub(crate) struct Subscription {
     channel: Channel,
     tag: String,
     deliveries: lapin::Consumer,
-    watermark: Watermark,
+    acker: Arc<Acker>,
+    /// Sends held acks as they fall due; ends with the subscription.
+    releaser: tokio::task::JoinHandle<()>,
 }
 
 impl Subscription {
@@ -203,11 +252,14 @@ impl Subscription {
             ),
         )
         .await?;
+        let acker = Arc::new(Acker::new(channel.clone(), prefetch));
+        let releaser = tokio::spawn(Arc::clone(&acker).release_when_due());
         Ok(Self {
             channel,
             tag: tag.to_owned(),
             deliveries,
-            watermark: Watermark::default(),
+            acker,
+            releaser,
         })
     }
 
@@ -215,30 +267,29 @@ impl Subscription {
     /// queue was deleted, the channel or connection closed).
     pub(crate) async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
         let next = self.deliveries.next().await?;
-        Some(self.received(next).await)
+        Some(self.received(next))
     }
 
     /// The next delivery if the broker already sent it, without waiting.
-    pub(crate) async fn next_buffered(&mut self) -> Option<Result<Delivery, BrokerError>> {
+    pub(crate) fn next_buffered(&mut self) -> Option<Result<Delivery, BrokerError>> {
         let next = self.deliveries.next().now_or_never()??;
-        Some(self.received(next).await)
+        Some(self.received(next))
     }
 
-    async fn received(
+    fn received(
         &self,
         next: Result<lapin::message::Delivery, lapin::Error>,
     ) -> Result<Delivery, BrokerError> {
         let delivery = next.map(Delivery::from).map_err(BrokerError::from)?;
-        self.watermark.lock().await.delivered(delivery.tag);
+        self.acker.ledger().delivered(delivery.tag);
         Ok(delivery)
     }
 
     /// The port that settles this subscription's deliveries.
     pub(crate) fn port(&self, publisher: Arc<Publisher>) -> Arc<Amqp> {
         Arc::new(Amqp {
-            channel: self.channel.clone(),
+            acker: Arc::clone(&self.acker),
             publisher,
-            watermark: Arc::clone(&self.watermark),
         })
     }
 
@@ -253,8 +304,19 @@ impl Subscription {
         }
     }
 
-    /// Closes the channel; unacked deliveries return to the queue.
+    /// Sends every held ack, then closes the channel; unacked deliveries
+    /// return to the queue.
     pub(crate) async fn close(&self) {
+        if self.channel.status().connected() {
+            let _ = self.acker.flush(true).await;
+        }
+        self.releaser.abort();
         close_channel(&self.channel, "shutdown").await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.releaser.abort();
     }
 }

@@ -97,12 +97,15 @@ impl ConsumerConfigBuilder {
     }
 
     /// Sets the wall time after which a batch commits what it applied and leaves
-    /// the rest to the next transaction (default
-    /// [`DEFAULT_BATCH_TIME_LIMIT`](crate::config::DEFAULT_BATCH_TIME_LIMIT)). On
-    /// SQLite, a batch holds the one write lock until it commits: this bounds
-    /// how long the relay and other writers wait for it.
+    /// the rest to the next transaction, on every store. By default only
+    /// SQLite has one
+    /// ([`DEFAULT_BATCH_TIME_LIMIT`](crate::config::DEFAULT_BATCH_TIME_LIMIT)):
+    /// a batch holds its one write lock until it commits, and this bounds how
+    /// long the relay and other writers wait for it. On PostgreSQL and MySQL a
+    /// batch locks only the rows it writes, and a limit would only take back
+    /// claims (work thrown away) when the machine is busy.
     pub fn with_batch_time_limit(mut self, limit: Duration) -> Self {
-        self.config.batch_time_limit = limit;
+        self.config.batch_time_limit = Some(limit);
         self
     }
 

@@ -57,8 +57,9 @@ pub struct ConsumerConfig {
     pub(crate) concurrency: usize,
     /// Largest number of already-buffered deliveries applied in one transaction.
     pub(crate) batch_size: usize,
-    /// Wall time after which a batch commits what it applied so far.
-    pub(crate) batch_time_limit: Duration,
+    /// Wall time after which a batch commits what it applied so far; `None`:
+    /// the store's default (a limit on SQLite only).
+    pub(crate) batch_time_limit: Option<Duration>,
     /// How one message's failure is kept from the others of its batch.
     pub(crate) batch_isolation: BatchIsolation,
     /// Longest wait for a row lock in a transaction over several messages.
@@ -118,7 +119,7 @@ impl ConsumerConfig {
                 prefetch: DEFAULT_PREFETCH,
                 concurrency: DEFAULT_CONCURRENCY,
                 batch_size: DEFAULT_BATCH_SIZE,
-                batch_time_limit: DEFAULT_BATCH_TIME_LIMIT,
+                batch_time_limit: None,
                 batch_isolation: BatchIsolation::Replay,
                 batch_lock_timeout: DEFAULT_BATCH_LOCK_TIMEOUT,
                 conflict_retries: DEFAULT_CONFLICT_RETRIES,
@@ -208,8 +209,12 @@ impl ConsumerConfig {
         self.batch_isolation
     }
 
-    /// The wall time after which a batch commits what it applied so far.
-    pub fn batch_time_limit(&self) -> Duration {
+    /// The wall time after which a batch commits what it applied so far, if
+    /// it was set; `None` leaves it to the store: SQLite, whose one writer
+    /// waits behind a batch, limits it to
+    /// [`DEFAULT_BATCH_TIME_LIMIT`](crate::config::DEFAULT_BATCH_TIME_LIMIT);
+    /// PostgreSQL and MySQL do not.
+    pub fn batch_time_limit(&self) -> Option<Duration> {
         self.batch_time_limit
     }
 

@@ -73,7 +73,7 @@ impl ConsumerConfig {
                 ),
             );
         }
-        if self.batch_time_limit.is_zero() {
+        if self.batch_time_limit.is_some_and(|t| t.is_zero()) {
             return fail("batch time limit", "must be above zero".into());
         }
         if self.batch_lock_timeout < Duration::from_millis(1) {

@@ -27,7 +27,11 @@ pub(super) fn consumer_timeout(
 ) -> Check {
     // The longest warren itself holds a delivery unacked: a batch commits at
     // its time limit, a suspect's solo run is rolled back at its timeout.
-    let hold = config.batch_time_limit.max(config.solo_timeout);
+    // The doctor does not know the store: SQLite's default limit counts.
+    let batch_time_limit = config
+        .batch_time_limit
+        .unwrap_or(crate::config::DEFAULT_BATCH_TIME_LIMIT);
+    let hold = batch_time_limit.max(config.solo_timeout);
     let queue_timeout = facts.api.as_ref().and_then(|api| {
         topology
             .queues
@@ -104,7 +108,7 @@ pub(super) fn consumer_timeout(
                  (batch time limit {} ms, solo-run timeout {} ms). When it fires the broker {fires}: \
                  a slow batch would run again and again",
                 ms(hold),
-                ms(config.batch_time_limit),
+                ms(batch_time_limit),
                 ms(config.solo_timeout)
             ),
         )

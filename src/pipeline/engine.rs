@@ -56,6 +56,9 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures_util::FutureExt;
 
+use std::any::Any;
+use std::sync::Arc;
+
 use super::{Decided, Pipeline, Ready};
 use crate::config::BatchIsolation;
 use crate::disposition::{
@@ -63,7 +66,7 @@ use crate::disposition::{
 };
 use crate::failpoint;
 use crate::failure::HandlerError;
-use crate::handler::BoundCall;
+use crate::handler::{BatchError, BatchFailure, BoundCall, Call, ErasedBatch};
 use crate::store::{InboxEntry, Journal, JournalEntry, SoloRuns, Store, StoreError, Tx};
 use crate::version::GatedVersion;
 
@@ -72,7 +75,7 @@ struct Member<DB: sqlx::Database> {
     /// Its place among the ready deliveries.
     index: usize,
     /// Bound at intake; bound again from the delivery when it runs again.
-    call: Option<Box<dyn BoundCall<DB>>>,
+    call: Option<Call<DB>>,
 }
 
 /// Members that run in one transaction.
@@ -91,27 +94,49 @@ impl<DB: sqlx::Database> Part<DB> {
     }
 }
 
+/// A message of a batch route in a unit: its position, and the message
+/// bound to the route.
+type Grouped = (usize, Box<dyn Any + Send>);
+
 /// One message's result in a unit's transaction, with what its gate saw.
 type MessageResult = (Result<Applied, Failure>, Option<GatedVersion>);
 
-/// How one unit's transaction ended.
+/// How one unit's transaction ended. Positions are the members' places in
+/// the unit.
 enum Run {
-    /// Committed: the result of each member taken, in order, from the front
-    /// (fewer than were given when the time limit cut the unit). With
-    /// savepoints, a member that failed has its failure here, rolled back to
-    /// its savepoint alone.
-    Committed(Vec<MessageResult>),
+    /// Committed: the result of each member, or `None` for those the time
+    /// limit left to the next unit. With savepoints, a member that failed has
+    /// its failure here, rolled back to its savepoint alone.
+    Committed(Vec<Option<MessageResult>>),
     /// Rolled back because the member at this position failed, with what its
     /// gate saw; those before it ran well.
     FailedAt(usize, Failure, Option<GatedVersion>),
+    /// Rolled back because these members failed (a batch handler named
+    /// them); the others run again without them.
+    Failed(Vec<(usize, Failure, Option<GatedVersion>)>),
     /// Rolled back for a reason that names no member of several (the failure
     /// of the only member of a unit of one).
     Unattributed(Failure),
+    /// Rolled back for a reason that names none of the members at these
+    /// positions (a batch handler's failure of its whole batch): each runs
+    /// again alone, the others together.
+    Isolate(Vec<usize>, Failure),
     /// Rolled back: a lock conflict with another transaction.
     Conflict(Failure),
     /// The database could not be reached, or the connection broke (during the
     /// commit, the outcome is unknown): every member goes back to its queue.
     Outage(String),
+}
+
+/// How one handler call in a unit ended, for the unit.
+enum Step {
+    /// The results of the members it ran, by position.
+    Ran(Vec<(usize, MessageResult)>),
+    /// The unit ends so, its transaction rolled back.
+    RollBack(Run),
+    /// The unit ends so, its transaction dropped: a panic may leave a
+    /// statement half-sent, and a broken connection takes none.
+    Drop(Run),
 }
 
 impl<S: Store + SoloRuns + Journal> Pipeline<S> {
@@ -122,7 +147,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     pub(super) async fn apply(
         &self,
         ready: &[Ready],
-        calls: Vec<Box<dyn BoundCall<S::Db>>>,
+        calls: Vec<Call<S::Db>>,
         solo: bool,
     ) -> Vec<Decided> {
         let mut decided: Vec<Option<Decided>> = ready.iter().map(|_| None).collect();
@@ -143,12 +168,15 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             };
             match self.run_unit(ready, &mut part.members, solo).await {
                 Run::Committed(results) => {
-                    let rest = part.members.split_off(results.len());
+                    let mut rest = Vec::new();
+                    for (member, result) in part.members.into_iter().zip(results) {
+                        match result {
+                            Some((result, gated)) => decide_one(&member, result, gated),
+                            None => rest.push(member),
+                        }
+                    }
                     if !rest.is_empty() {
                         parts.push_front(Part::of(rest));
-                    }
-                    for (member, (result, gated)) in part.members.iter().zip(results) {
-                        decide_one(member, result, gated);
                     }
                 }
                 Run::FailedAt(at, failure, gated) => {
@@ -165,6 +193,25 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                         parts.push_front(Part::of(part.members));
                     }
                 }
+                Run::Failed(failures) => {
+                    let mut failures: Vec<Option<(Failure, Option<GatedVersion>)>> = {
+                        let mut by_pos: Vec<_> = part.members.iter().map(|_| None).collect();
+                        for (pos, failure, gated) in failures {
+                            by_pos[pos] = Some((failure, gated));
+                        }
+                        by_pos
+                    };
+                    let mut rest = Vec::new();
+                    for (member, failed) in part.members.into_iter().zip(failures.iter_mut()) {
+                        match failed.take() {
+                            Some((failure, gated)) => decide_one(&member, Err(failure), gated),
+                            None => rest.push(member),
+                        }
+                    }
+                    if !rest.is_empty() {
+                        parts.push_front(Part::of(rest));
+                    }
+                }
                 Run::Unattributed(failure) => {
                     if let [only] = part.members.as_slice() {
                         decide_one(only, Err(failure), None);
@@ -172,6 +219,24 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                         for member in part.members.into_iter().rev() {
                             parts.push_front(Part::of(vec![member]));
                         }
+                    }
+                }
+                Run::Isolate(positions, failure) => {
+                    if let [only] = part.members.as_slice() {
+                        decide_one(only, Err(failure), None);
+                        continue;
+                    }
+                    let (alone, together): (Vec<_>, Vec<_>) = part
+                        .members
+                        .into_iter()
+                        .enumerate()
+                        .partition(|(pos, _)| positions.contains(pos));
+                    let together: Vec<_> = together.into_iter().map(|(_, m)| m).collect();
+                    for (_, member) in alone.into_iter().rev() {
+                        parts.push_front(Part::of(vec![member]));
+                    }
+                    if !together.is_empty() {
+                        parts.push_front(Part::of(together));
                     }
                 }
                 Run::Conflict(failure) => {
@@ -227,6 +292,10 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// One unit of work: claim, handle, commit, in one transaction.
     async fn run_unit(&self, ready: &[Ready], members: &mut [Member<S::Db>], solo: bool) -> Run {
         let started = Instant::now();
+        let time_limit = self
+            .config
+            .batch_time_limit
+            .or(<S::Db as crate::store::dialect::SqlDialect>::BATCH_TIME_LIMIT);
         let several = members.len() > 1;
         let savepoints = several
             && matches!(
@@ -265,80 +334,55 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             }
         }
         let mut wrote = solo;
-        let mut results = Vec::with_capacity(members.len());
+        let mut results: Vec<Option<MessageResult>> = members.iter().map(|_| None).collect();
         for pos in 0..members.len() {
-            if claimed[pos] {
+            if results[pos].is_some() {
+                // It ran with the batch of its route.
+                continue;
+            }
+            if !claimed[pos] {
+                results[pos] = Some((Ok(Applied::Duplicate), None));
+            } else {
                 wrote = true;
                 let this = &ready[members[pos].index];
-                let call = match self.bound(this, &mut members[pos]) {
-                    Ok(call) => call,
+                let step = match self.bound(this, &mut members[pos]) {
+                    Ok(Call::One(call)) => {
+                        self.call_one(&mut tx, ready, &indices, pos, call, savepoints)
+                            .await
+                    }
+                    Ok(Call::Batch { route, message }) => {
+                        match self.batch_of(ready, members, &claimed, pos, &route, message) {
+                            Ok(group) => {
+                                self.call_batch(&mut tx, ready, &indices, &route, group)
+                                    .await
+                            }
+                            Err(step) => step,
+                        }
+                    }
                     // Binding is pure and succeeded at intake.
                     Err(detail) => {
                         let failure = Failure::Handler(HandlerError::permanent(detail));
-                        return rolled_back(tx, Run::FailedAt(pos, failure, None)).await;
+                        Step::RollBack(Run::FailedAt(pos, failure, None))
                     }
                 };
-                let handler_span = spans::handler(&this.admitted.span, &this.meta.event_type);
-                let trace = spans::context_of(&handler_span, &this.admitted.trace);
-                tx.set_cause(this.meta.clone(), trace);
-                if savepoints && let Err(e) = tx.savepoint().await {
-                    return rolled_back(tx, store_failed(e)).await;
-                }
-                let called = AssertUnwindSafe(call.call(&mut tx))
-                    .catch_unwind()
-                    .instrument(handler_span)
-                    .await;
-                let gated = tx.take_gated();
-                let failure = match called {
-                    Ok(Ok(())) if savepoints => match tx.release_savepoint().await {
-                        Ok(()) => None,
-                        Err(e) if e.is_connection_error() => return Run::Outage(e.to_string()),
-                        // The handler went on after a statement of its own
-                        // failed: what it wrote is not all there.
-                        Err(e) => Some(Failure::Aborted(e)),
-                    },
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(Failure::Handler(e)),
-                    Err(panic) => {
-                        // The transaction may be mid-statement; dropping it
-                        // rolls it back.
-                        drop(tx);
-                        self.telemetry.panic();
-                        let failure = Failure::Panic(panic_message(&*panic));
-                        return Run::FailedAt(pos, failure, gated.entity);
-                    }
-                };
-                match failure {
-                    None => results.push((Ok(applied_or_stale(gated.stale)), gated.entity)),
-                    Some(failure) if is_outage(&failure) => {
-                        return rolled_back(tx, Run::Outage(failure_text(&failure))).await;
-                    }
-                    Some(failure) if is_conflict(&failure) => {
-                        return rolled_back(tx, Run::Conflict(failure)).await;
-                    }
-                    // Another member may have ignored the statement that
-                    // aborted the transaction: each runs alone to find out.
-                    Some(failure) if several && is_after_abort_of(&failure) => {
-                        return rolled_back(tx, Run::Unattributed(failure)).await;
-                    }
-                    Some(failure) => {
-                        let alone = savepoints
-                            && !copy_follows(ready, &indices, pos)
-                            && self.undo_one(&mut tx, &this.meta.message_id).await;
-                        if !alone {
-                            return rolled_back(tx, Run::FailedAt(pos, failure, gated.entity))
-                                .await;
+                match step {
+                    Step::Ran(ran) => {
+                        for (at, result) in ran {
+                            results[at] = Some(result);
                         }
-                        results.push((Err(failure), gated.entity));
+                    }
+                    Step::RollBack(run) => return rolled_back(tx, run).await,
+                    Step::Drop(run) => {
+                        drop(tx);
+                        return run;
                     }
                 }
-            } else {
-                results.push((Ok(Applied::Duplicate), None));
             }
-            if pos + 1 < members.len() && started.elapsed() >= self.config.batch_time_limit {
+            let unrun = results.iter().any(Option::is_none);
+            if unrun && time_limit.is_some_and(|limit| started.elapsed() >= limit) {
                 // The rest go to the next unit, their claims with them.
-                for later in pos + 1..members.len() {
-                    if !claimed[later] {
+                for later in 0..members.len() {
+                    if !claimed[later] || results[later].is_some() {
                         continue;
                     }
                     let message_id = &ready[indices[later]].meta.message_id;
@@ -369,6 +413,193 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             .await
     }
 
+    /// Runs the handler of the member at `pos`, a handler of one message,
+    /// in `tx` (inside a savepoint of its own with `savepoints`).
+    async fn call_one(
+        &self,
+        tx: &mut Tx<S::Db>,
+        ready: &[Ready],
+        indices: &[usize],
+        pos: usize,
+        call: Box<dyn BoundCall<S::Db>>,
+        savepoints: bool,
+    ) -> Step {
+        let several = indices.len() > 1;
+        let this = &ready[indices[pos]];
+        let handler_span = spans::handler(&this.admitted.span, &this.meta.event_type);
+        let trace = spans::context_of(&handler_span, &this.admitted.trace);
+        tx.set_cause(this.meta.clone(), trace);
+        if savepoints && let Err(e) = tx.savepoint().await {
+            return Step::RollBack(store_failed(e));
+        }
+        let called = AssertUnwindSafe(call.call(tx))
+            .catch_unwind()
+            .instrument(handler_span)
+            .await;
+        let gated = tx.take_gated();
+        let failure = match called {
+            Ok(Ok(())) if savepoints => match tx.release_savepoint().await {
+                Ok(()) => None,
+                Err(e) if e.is_connection_error() => {
+                    return Step::Drop(Run::Outage(e.to_string()));
+                }
+                // The handler went on after a statement of its own failed:
+                // what it wrote is not all there.
+                Err(e) => Some(Failure::Aborted(e)),
+            },
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(Failure::Handler(e)),
+            Err(panic) => {
+                // The transaction may be mid-statement; dropping it rolls it
+                // back.
+                self.telemetry.panic();
+                let failure = Failure::Panic(panic_message(&*panic));
+                return Step::Drop(Run::FailedAt(pos, failure, gated.entity));
+            }
+        };
+        let Some(failure) = failure else {
+            let result = (Ok(applied_or_stale(gated.stale)), gated.entity);
+            return Step::Ran(vec![(pos, result)]);
+        };
+        let failure = match unit_wide(failure, several) {
+            Ok(run) => return Step::RollBack(run),
+            Err(failure) => failure,
+        };
+        let alone = savepoints
+            && !copy_follows(ready, indices, pos)
+            && self.undo_one(tx, &this.meta.message_id).await;
+        if alone {
+            Step::Ran(vec![(pos, (Err(failure), gated.entity))])
+        } else {
+            Step::RollBack(Run::FailedAt(pos, failure, gated.entity))
+        }
+    }
+
+    /// The messages of the batch route `route` in the unit, from the one at
+    /// `pos` (already bound: `first`) on: every later member with a new
+    /// claim that binds to the same route, taken out of its member. Members
+    /// bound to another route keep their call.
+    fn batch_of(
+        &self,
+        ready: &[Ready],
+        members: &mut [Member<S::Db>],
+        claimed: &[bool],
+        pos: usize,
+        route: &Arc<dyn ErasedBatch<S::Db>>,
+        first: Box<dyn Any + Send>,
+    ) -> Result<Vec<Grouped>, Step> {
+        let mut group = vec![(pos, first)];
+        for later in pos + 1..members.len() {
+            if !claimed[later] {
+                continue;
+            }
+            let this = &ready[members[later].index];
+            match self.bound(this, &mut members[later]) {
+                Ok(Call::Batch { route: r, message })
+                    if std::ptr::addr_eq(Arc::as_ptr(&r), Arc::as_ptr(route)) =>
+                {
+                    group.push((later, message));
+                }
+                Ok(other) => members[later].call = Some(other),
+                Err(detail) => {
+                    let failure = Failure::Handler(HandlerError::permanent(detail));
+                    return Err(Step::RollBack(Run::FailedAt(later, failure, None)));
+                }
+            }
+        }
+        Ok(group)
+    }
+
+    /// Calls the batch route `route` once with `group`, its members in the
+    /// unit (position and bound message), in `tx`.
+    async fn call_batch(
+        &self,
+        tx: &mut Tx<S::Db>,
+        ready: &[Ready],
+        indices: &[usize],
+        route: &Arc<dyn ErasedBatch<S::Db>>,
+        group: Vec<Grouped>,
+    ) -> Step {
+        let several = indices.len() > 1;
+        let positions: Vec<usize> = group.iter().map(|(pos, _)| *pos).collect();
+        let member = |pos: usize| &ready[indices[pos]];
+        let first = member(positions[0]);
+        let handler_span = spans::handler(&first.admitted.span, &first.meta.event_type);
+        // Each message's outbox rows continue its own trace.
+        let traces = positions
+            .iter()
+            .map(|&pos| {
+                let this = member(pos);
+                let trace = spans::context_of(&this.admitted.span, &this.admitted.trace);
+                (this.meta.message_id.clone(), trace)
+            })
+            .collect();
+        tx.set_batch_causes(traces);
+        let messages = group.into_iter().map(|(_, message)| message).collect();
+        let called = AssertUnwindSafe(route.call(messages, tx))
+            .catch_unwind()
+            .instrument(handler_span)
+            .await;
+        let mut gated = tx.take_batch_gated();
+        let mut gated_of = |pos: usize| {
+            gated
+                .remove(&member(pos).meta.message_id)
+                .unwrap_or_default()
+        };
+        // A failure of the whole batch names none of its messages, unless it
+        // has only one.
+        let whole = |failure: Failure| match positions.as_slice() {
+            [only] => Run::FailedAt(*only, failure, None),
+            _ => Run::Isolate(positions.clone(), failure),
+        };
+        let failed = match called {
+            Ok(Ok(())) => {
+                let ran = positions
+                    .iter()
+                    .map(|&pos| {
+                        let gated = gated_of(pos);
+                        (pos, (Ok(applied_or_stale(gated.stale)), gated.entity))
+                    })
+                    .collect();
+                return Step::Ran(ran);
+            }
+            Err(panic) => {
+                self.telemetry.panic();
+                return Step::Drop(whole(Failure::Panic(panic_message(&*panic))));
+            }
+            Ok(Err(BatchError {
+                failure: BatchFailure::All(e),
+            })) => {
+                let run = unit_wide(Failure::Handler(e), several).unwrap_or_else(whole);
+                return Step::RollBack(run);
+            }
+            Ok(Err(BatchError {
+                failure: BatchFailure::Messages(failed),
+            })) => failed,
+        };
+        let mut named: Vec<(usize, Failure, Option<GatedVersion>)> = Vec::new();
+        for (message_id, error) in failed {
+            let found = positions
+                .iter()
+                .copied()
+                .find(|&p| member(p).meta.message_id == message_id);
+            let Some(pos) = found.filter(|p| !named.iter().any(|(n, _, _)| n == p)) else {
+                continue;
+            };
+            match unit_wide(Failure::Handler(error), several) {
+                Ok(run) => return Step::RollBack(run),
+                Err(failure) => named.push((pos, failure, gated_of(pos).entity)),
+            }
+        }
+        if named.is_empty() {
+            let failure = Failure::Handler(HandlerError::transient(
+                "the batch handler failed only messages that are not in its batch",
+            ));
+            return Step::RollBack(whole(failure));
+        }
+        Step::RollBack(Run::Failed(named))
+    }
+
     /// The journal rows of the unit's applied (and stale) outcomes that ride
     /// in its transaction: those of replayed copies, which careful replay
     /// waits for, and every one if the journal records everything.
@@ -376,13 +607,13 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         &self,
         ready: &[Ready],
         members: &[Member<S::Db>],
-        results: &[MessageResult],
+        results: &[Option<MessageResult>],
     ) -> Vec<JournalEntry> {
         results
             .iter()
             .zip(members)
-            .filter_map(|((result, _), member)| {
-                let outcome = match result {
+            .filter_map(|(result, member)| {
+                let outcome = match result.as_ref()?.0 {
                     Ok(Applied::Committed) => "applied",
                     Ok(Applied::Stale) => "stale",
                     _ => return None,
@@ -454,7 +685,12 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// `several` is whether the unit began as a batch (its transaction took the
     /// batch's settings): one cut short by the batch time limit after its first
     /// message still counts as a batch, of the messages it committed.
-    async fn commit(&self, tx: Tx<S::Db>, results: Vec<MessageResult>, several: bool) -> Run {
+    async fn commit(
+        &self,
+        tx: Tx<S::Db>,
+        results: Vec<Option<MessageResult>>,
+        several: bool,
+    ) -> Run {
         let enqueued = tx.enqueued();
         failpoint::hit("before-commit");
         match tx.commit().await {
@@ -470,8 +706,11 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                 failpoint::hit("after-commit-before-ack");
                 if several {
                     failpoint::hit("after-batch-commit-before-ack");
-                    self.telemetry
-                        .batch_committed(results.iter().filter(|(r, _)| r.is_ok()).count());
+                    let applied = results
+                        .iter()
+                        .filter(|r| r.as_ref().is_some_and(|(r, _)| r.is_ok()))
+                        .count();
+                    self.telemetry.batch_committed(applied);
                 }
                 Run::Committed(results)
             }
@@ -482,11 +721,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     /// The member's handler call: bound at intake the first time, bound again
     /// from the delivery when the member runs again. Binding is pure, so it
     /// succeeds again; `Err` says why if it did not.
-    fn bound(
-        &self,
-        ready: &Ready,
-        member: &mut Member<S::Db>,
-    ) -> Result<Box<dyn BoundCall<S::Db>>, String> {
+    fn bound(&self, ready: &Ready, member: &mut Member<S::Db>) -> Result<Call<S::Db>, String> {
         if let Some(call) = member.call.take() {
             return Ok(call);
         }
@@ -503,6 +738,23 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             self.rules(),
             Utc::now().timestamp_millis(),
         )
+    }
+}
+
+/// How a handler's failure ends the whole unit, if it does: an outage, a
+/// lock conflict, or (in a unit of several) a statement refused because an
+/// earlier one aborted the transaction, which another member may have
+/// ignored.
+/// `Err` gives the failure back, the member's own.
+fn unit_wide(failure: Failure, several: bool) -> Result<Run, Failure> {
+    if is_outage(&failure) {
+        Ok(Run::Outage(failure_text(&failure)))
+    } else if is_conflict(&failure) {
+        Ok(Run::Conflict(failure))
+    } else if several && is_after_abort_of(&failure) {
+        Ok(Run::Unattributed(failure))
+    } else {
+        Err(failure)
     }
 }
 
@@ -563,7 +815,7 @@ fn failure_text(failure: &Failure) -> String {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -3,9 +3,9 @@
 //! death during such a run counts against it.
 
 use super::{Decided, Pipeline, Ready};
-use crate::disposition::Disposition;
+use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
-use crate::handler::BoundCall;
+use crate::handler::Call;
 use crate::store::{Journal, SoloRuns, Store};
 
 impl<S: Store + SoloRuns + Journal> Pipeline<S> {
@@ -20,13 +20,26 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
     pub(super) async fn run_suspect(
         &self,
         ready: &[Ready],
-        calls: Vec<Box<dyn BoundCall<S::Db>>>,
+        calls: Vec<Call<S::Db>>,
     ) -> Vec<Decided> {
         let [suspect] = ready else {
             unreachable!("a suspect runs as a batch of its own");
         };
         let meta = &suspect.meta;
         let attempt = suspect.admitted.history.attempt();
+        // A suspect whose claim committed cannot have died in its handler:
+        // it comes back because its ack was lost with its channel or its
+        // process (after the commit, or held with the acks of a batch). It
+        // settles as the duplicate it is, with no solo run, so that a crash
+        // with a large prefetch does not make every committed delivery wait
+        // its turn alone. (If this read fails, the solo run decides.)
+        if let Ok(true) = self
+            .store
+            .claimed(&self.config.name, &meta.message_id)
+            .await
+        {
+            return vec![(Disposition::Ack(Applied::Duplicate), None)];
+        }
         self.telemetry.suspect_waiting(1.0);
         let alone = self.barrier.alone().await;
         self.telemetry.suspect_waiting(-1.0);

@@ -66,6 +66,9 @@ pub struct Statements {
     /// (consumer, message id): deletes the inbox row a batch claimed for a
     /// message it leaves to the next transaction.
     pub unclaim: &'static str,
+    /// (consumer, message id): a row if the consumer's claim of the message
+    /// id committed.
+    pub claimed: &'static str,
     /// (consumer, cutoff, batch): deletes up to `batch` inbox rows processed
     /// before the cutoff.
     pub purge_inbox: &'static str,
@@ -84,8 +87,13 @@ pub struct Statements {
     /// (message id, exchange, routing key, properties, body, causation id,
     /// traceparent, tracestate, baggage): one outbox row.
     pub insert_outbox: &'static str,
-    /// Run after each outbox insert, in the same transaction, to wake relays in
-    /// other processes at commit; `None` where the database cannot.
+    /// Wakes relays in other processes when the transaction that runs it
+    /// commits; `None` where the database cannot. Run once per transaction
+    /// that wrote outbox rows, as its pre-commit check (a statement in an
+    /// aborted transaction fails), and only where no relay in this process
+    /// serves the store: that one is woken in process. After each
+    /// [`enqueue`](crate::outbox::enqueue), which cannot know when its
+    /// caller's transaction ends.
     pub notify_outbox: Option<&'static str>,
     /// (ids, a JSON array of integers): the rows were published; frees their
     /// leases. One statement for a whole batch.
@@ -181,9 +189,12 @@ pub trait SqlDialect: Database {
     fn rows_affected(done: &Self::QueryResult) -> u64;
 
     /// Fails if the transaction on `conn` can no longer commit. Called by
-    /// [`Tx::commit`](super::Tx::commit) just before `COMMIT`.
+    /// [`Tx::commit`](super::Tx::commit) just before `COMMIT`; with `notify`,
+    /// the check is [`Statements::notify_outbox`] where the dialect has it, so
+    /// that waking other processes' relays costs no round trip of its own.
     fn check_before_commit(
         conn: &mut Self::Connection,
+        notify: bool,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 
     /// Runs `sql`, which binds nothing (a savepoint statement), on `conn`.
@@ -192,10 +203,11 @@ pub trait SqlDialect: Database {
         sql: &'static str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
 
-    /// Inserts one outbox row on `conn`, inside whatever transaction it is in.
+    /// Inserts outbox rows on `conn`, inside whatever transaction it is in:
+    /// several in one statement.
     fn insert_outbox<'c>(
         conn: &'c mut Self::Connection,
-        row: &'c NewOutboxRow<'c>,
+        rows: &'c [NewOutboxRow<'c>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'c;
 
     /// The stored version of `entity` in `scope` (0 if none), its row locked
@@ -239,6 +251,11 @@ pub trait SqlDialect: Database {
     fn lock_timeout_sql(_lock_timeout: Option<std::time::Duration>) -> Option<String> {
         None
     }
+
+    /// How long a batch may run before it commits what it applied, unless the
+    /// consumer sets a limit: where a transaction holds the one write lock
+    /// (SQLite), everything else that writes waits behind it.
+    const BATCH_TIME_LIMIT: Option<std::time::Duration> = None;
 
     /// True if the begin statement is sent as text that may hold more
     /// statements after it (PostgreSQL's simple query), so that what follows
@@ -303,6 +320,7 @@ impl Statements {
             ("ping", self.ping, 0),
             ("claim", self.claim, 5),
             ("unclaim", self.unclaim, 2),
+            ("claimed", self.claimed, 2),
             ("purge_inbox", self.purge_inbox, 3),
             ("purge_solo_runs", self.purge_solo_runs, 3),
             ("record_solo_run", self.record_solo_run, 2),

@@ -95,6 +95,15 @@ store_trait! {
             }
         }
 
+        /// True if `consumer`'s claim of `message_id` committed: the message
+        /// was applied (or found a duplicate of one that was). Read outside
+        /// any transaction; a claim still in flight elsewhere is not seen.
+        fn claimed<'a>(
+            &'a self,
+            consumer: &'a str,
+            message_id: &'a str,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
+
         /// Takes back, inside `tx`, a claim made in `tx` for a message the
         /// transaction will not apply: a batch that reached its time limit leaves
         /// the rest of its messages to the next transaction, claims included.

@@ -39,7 +39,7 @@ macro_rules! store_trait {
 mod capabilities;
 mod checkup;
 mod dead_letters;
-mod dialect;
+pub(crate) mod dialect;
 mod error;
 mod inbox;
 mod journal;
@@ -122,5 +122,10 @@ impl Wakeups {
 
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.0.subscribe()
+    }
+
+    /// True while a relay of this process waits on these wake-ups.
+    pub(crate) fn listened(&self) -> bool {
+        self.0.receiver_count() > 0
     }
 }

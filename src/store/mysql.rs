@@ -126,6 +126,7 @@ impl SqlDialect for MySql {
              VALUES (?, ?, ?, ?, ?)",
         // Batched deletes along an index: only the rows they remove are locked.
         unclaim: "DELETE FROM warren_inbox WHERE consumer_name = ? AND message_id = ?",
+        claimed: "SELECT 1 FROM warren_inbox WHERE consumer_name = ? AND message_id = ?",
         purge_inbox: "DELETE FROM warren_inbox
              WHERE consumer_name = ? AND processed_at < ? ORDER BY processed_at LIMIT ?",
         purge_solo_runs: "DELETE FROM warren_solo_runs
@@ -275,7 +276,10 @@ impl SqlDialect for MySql {
     /// Fails with error 1305 (no such savepoint) if the transaction warren
     /// opened ended under the handler: committed by DDL, `LOCK TABLES` or
     /// `START TRANSACTION`, or rolled back by a deadlock.
-    async fn check_before_commit(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    async fn check_before_commit(
+        conn: &mut MySqlConnection,
+        _notify: bool,
+    ) -> Result<(), sqlx::Error> {
         conn.execute(sqlx::raw_sql(CHECK_MARK)).await?;
         Ok(())
     }

@@ -130,6 +130,7 @@ impl SqlDialect for Postgres {
              VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (consumer_name, message_id) DO NOTHING",
         unclaim: "DELETE FROM warren_inbox WHERE consumer_name = $1 AND message_id = $2",
+        claimed: "SELECT 1::BIGINT FROM warren_inbox WHERE consumer_name = $1 AND message_id = $2",
         purge_inbox: "DELETE FROM warren_inbox WHERE (consumer_name, message_id) IN (
                 SELECT consumer_name, message_id FROM warren_inbox
                 WHERE consumer_name = $1 AND processed_at < $2 LIMIT $3)",
@@ -289,10 +290,15 @@ impl SqlDialect for Postgres {
         Some(format!("${n}"))
     }
 
-    async fn check_before_commit(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        // Fails with 25P02 (in failed SQL transaction) if an earlier statement
-        // aborted the transaction.
-        sqlx::query("SELECT 1").execute(conn).await?;
+    async fn check_before_commit(conn: &mut PgConnection, notify: bool) -> Result<(), sqlx::Error> {
+        // Either fails with 25P02 (in failed SQL transaction) if an earlier
+        // statement aborted the transaction. The notification is delivered
+        // only if and when the transaction commits.
+        let check = match Self::SQL.notify_outbox {
+            Some(notify_outbox) if notify => notify_outbox,
+            _ => "SELECT 1",
+        };
+        sqlx::query(check).execute(conn).await?;
         Ok(())
     }
 

@@ -184,9 +184,9 @@ macro_rules! shared_hooks {
 
         async fn insert_outbox<'c>(
             conn: &'c mut $conn,
-            row: &'c crate::outbox_row::NewOutboxRow<'c>,
+            rows: &'c [crate::outbox_row::NewOutboxRow<'c>],
         ) -> Result<(), StoreError> {
-            super::sql::insert_outbox::<$db>(conn, row).await
+            super::sql::insert_outbox::<$db>(conn, rows).await
         }
 
         async fn read_version<'c>(
@@ -328,7 +328,10 @@ shared_impl! {
                 Executor::execute(&mut *tx, sqlx::raw_sql(sqlx::AssertSqlSafe(after))).await?;
                 tx
             };
-            let mut tx = super::Tx::new(tx, turn);
+            // A relay of this process is woken in process after the commit;
+            // only without one do relays elsewhere need the database's.
+            let notify = D::SQL.notify_outbox.is_some() && !self.wakeups.listened();
+            let mut tx = super::Tx::new(tx, turn, notify);
             if lock_timeout.is_some()
                 && let Some(restore) = D::RESTORE_LOCK_TIMEOUT
             {
@@ -381,6 +384,19 @@ shared_impl! {
             let new: std::collections::HashSet<String> =
                 query.fetch_all(tx.conn()).await?.into_iter().collect();
             Ok(entries.iter().map(|e| new.contains(e.message_id)).collect())
+        }
+
+        async fn claimed<'a>(
+            &'a self,
+            consumer: &'a str,
+            message_id: &'a str,
+        ) -> Result<bool, StoreError> {
+            let found: Option<i64> = sqlx::query_scalar(D::SQL.claimed)
+                .bind(consumer)
+                .bind(message_id)
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(found.is_some())
         }
 
         async fn unclaim<'a>(

@@ -118,6 +118,8 @@ const TAKE_BATCH: &str = "UPDATE warren_outbox SET lease_until = ?1
 impl SqlDialect for Sqlite {
     super::sql::shared_hooks!(Sqlite, SqliteConnection);
 
+    const BATCH_TIME_LIMIT: Option<Duration> = Some(crate::config::DEFAULT_BATCH_TIME_LIMIT);
+
     const SQL: Statements = Statements {
         begin: "BEGIN IMMEDIATE",
         after_begin: None,
@@ -130,6 +132,7 @@ impl SqlDialect for Sqlite {
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (consumer_name, message_id) DO NOTHING",
         unclaim: "DELETE FROM warren_inbox WHERE consumer_name = ?1 AND message_id = ?2",
+        claimed: "SELECT 1 FROM warren_inbox WHERE consumer_name = ?1 AND message_id = ?2",
         purge_inbox: "DELETE FROM warren_inbox WHERE rowid IN (
                 SELECT rowid FROM warren_inbox
                 WHERE consumer_name = ?1 AND processed_at < ?2 LIMIT ?3)",
@@ -330,7 +333,10 @@ impl SqlDialect for Sqlite {
         Some(format!("?{n}"))
     }
 
-    async fn check_before_commit(_conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    async fn check_before_commit(
+        _conn: &mut SqliteConnection,
+        _notify: bool,
+    ) -> Result<(), sqlx::Error> {
         Ok(())
     }
 

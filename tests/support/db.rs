@@ -29,6 +29,11 @@ pub trait Backend: warren::store::Dialect {
         tx: &'a mut Tx<Self>,
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    /// The batch handler's effect: one new row per id, in one statement.
+    fn insert_effects<'a>(
+        tx: &'a mut Tx<Self>,
+        message_ids: &'a [String],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
     /// The store's pool.
     fn pool(store: &Self::S) -> &sqlx::Pool<Self>;
     /// Runs a `SELECT count(...)` inside `tx`.
@@ -182,6 +187,29 @@ macro_rules! same_for_every_backend {
             .bind(message_id)
             .execute(tx.conn())
             .await?;
+            Ok(())
+        }
+
+        async fn insert_effects(
+            tx: &mut Tx<Self>,
+            message_ids: &[String],
+        ) -> Result<(), sqlx::Error> {
+            // `?` binds in order in every dialect; `$n` where PostgreSQL wants it.
+            let values: Vec<String> = (1..=message_ids.len())
+                .map(|n| match $p1 {
+                    "$1" => format!("(${n})"),
+                    _ => "(?)".to_owned(),
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO test_effects (message_id) VALUES {}",
+                values.join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in message_ids {
+                query = query.bind(id);
+            }
+            query.execute(tx.conn()).await?;
             Ok(())
         }
 

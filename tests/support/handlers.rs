@@ -41,6 +41,9 @@ pub enum Mode {
     /// Write an outbox event whose event type no AMQP property can carry, and
     /// pass on the outbox's refusal.
     EmitUnpublishable,
+    /// In a batch handler: fail the whole batch (transiently) whenever this
+    /// message is in it.
+    FailBatch,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -200,6 +203,8 @@ async fn run_job<B: Backend>(job: &Job, id: &str, tx: &mut Tx<B>) -> Result<(), 
                 Ok(())
             }
         }
+        // A batch handler's mode; a handler of one message has no batch.
+        Mode::FailBatch => Ok(()),
     }
 }
 
@@ -232,6 +237,94 @@ pub async fn out_event<B: Backend>(
 ) -> Result<(), HandlerError> {
     B::insert_effect(tx, &msg.meta.message_id).await?;
     Ok(())
+}
+
+/// The batch handler: every job of the batch counted, its effect written
+/// for every message in one statement before anything can fail, the outbox
+/// events of all of them in one statement; then each job's mode decides,
+/// per message, what failed. A panic or a `FailBatch` job fails the batch as
+/// a whole.
+pub async fn job_batch<B: Backend>(
+    batch: warren::Batch<Job>,
+    tx: &mut Tx<B>,
+) -> warren::BatchResult {
+    let mut failed = Vec::new();
+    let mut panics = false;
+    let mut fail_batch = false;
+    for msg in &batch {
+        let n = attempt(&msg.meta.message_id);
+        REPORTED
+            .lock()
+            .unwrap()
+            .entry(msg.meta.message_id.clone())
+            .or_default()
+            .push(msg.attempt);
+        match msg.payload.mode {
+            Mode::Permanent => failed.push((
+                msg,
+                HandlerError::permanent("the job says it can never succeed"),
+            )),
+            Mode::Transient { n: fail } if n <= fail => failed.push((
+                msg,
+                HandlerError::transient(format!("attempt {n} of a flaky job")),
+            )),
+            Mode::PanicOnce if n == 1 => panics = true,
+            Mode::FailBatch => fail_batch = true,
+            _ => {}
+        }
+    }
+    let ids: Vec<String> = batch.iter().map(|m| m.meta.message_id.clone()).collect();
+    BATCH_CALLS.lock().unwrap().push(ids.clone());
+    B::insert_effects(tx, &ids).await?;
+    let events: Vec<_> = batch
+        .iter()
+        .flat_map(|m| {
+            (0..m.payload.emit).map(move |i| {
+                let event = Outgoing::new(OUT_EVENT, 1, &serde_json::json!({ "n": i })).unwrap();
+                (m, event)
+            })
+        })
+        .collect();
+    if let Some((first, _)) = events.first() {
+        let exchange = first.payload.emit_to.clone();
+        tx.publish_all(&exchange, "out.event", events)
+            .await
+            .unwrap();
+    }
+    if panics {
+        panic!("a job of the batch panicked on its first attempt");
+    }
+    if fail_batch {
+        return Err(warren::BatchError::all(HandlerError::transient(
+            "a job fails every batch it is in",
+        )));
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(warren::BatchError::messages(failed))
+    }
+}
+
+static BATCH_CALLS: LazyLock<Mutex<Vec<Vec<String>>>> = LazyLock::new(Default::default);
+
+/// The sizes of the batches [`job_batch`] was called with whose messages are
+/// among `ids` (a test's own), in the order of the calls.
+pub fn batch_calls_of(ids: &HashSet<String>) -> Vec<usize> {
+    BATCH_CALLS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|call| call.iter().any(|id| ids.contains(id)))
+        .map(Vec::len)
+        .collect()
+}
+
+/// Routes version 1 of the job to the batch handler.
+pub fn batch_routes<B: Backend>() -> Registry<B> {
+    Registry::new()
+        .route_batch(EVENT, 1, job_batch::<B>)
+        .route(OUT_EVENT, 1, out_event::<B>)
 }
 
 pub fn routes<B: Backend>() -> Registry<B> {

@@ -27,7 +27,7 @@ pub(crate) struct DoctorArgs {
     #[arg(long, value_parser = warren::retry::parse_delay)]
     pub(crate) solo_timeout: Option<Duration>,
     /// When a batch commits what it applied so far (batch_time_limit)
-    /// [default: 100ms].
+    /// [default: 100ms on SQLite, none on PostgreSQL and MySQL].
     #[arg(long, value_parser = warren::retry::parse_delay)]
     pub(crate) batch_time_limit: Option<Duration>,
     /// The broker consumer_timeout the consumer is configured to assume

@@ -10,12 +10,18 @@ use super::SqlStore;
 use crate::outbox_row::{FailedRow, OutboxRow, RowOutcome};
 use crate::store::{Dialect, OutboxCounts, OutboxListener, OutboxStore, StoreError};
 
+/// Rows one outbox insert writes at most: 9 values a row stays far below
+/// every dialect's limit on bound values.
+const ROWS_PER_INSERT: usize = 500;
+
 /// The one shared insert behind each dialect's
-/// [`SqlDialect::insert_outbox`](crate::store::dialect::SqlDialect::insert_outbox).
+/// [`SqlDialect::insert_outbox`](crate::store::dialect::SqlDialect::insert_outbox):
+/// the dialect's statement for one row, one statement of several rows for
+/// more.
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(in crate::store) async fn insert_outbox<D>(
     conn: &mut D::Connection,
-    row: &crate::outbox_row::NewOutboxRow<'_>,
+    rows: &[crate::outbox_row::NewOutboxRow<'_>],
 ) -> Result<(), StoreError>
 where
     D: crate::store::dialect::SqlDialect,
@@ -25,22 +31,54 @@ where
     for<'s> &'s [u8]: Encode<'s, D> + Type<D>,
     for<'s> Option<&'s str>: Encode<'s, D> + Type<D>,
 {
-    sqlx::query(D::SQL.insert_outbox)
-        .bind(row.message_id)
-        .bind(row.exchange)
-        .bind(row.routing_key)
-        .bind(row.properties.as_str())
-        .bind(row.body.as_slice())
-        .bind(row.causation_id)
-        .bind(row.trace.traceparent())
-        .bind(row.trace.tracestate())
-        .bind(row.trace.baggage())
-        .execute(&mut *conn)
-        .await?;
-    if let Some(notify) = D::SQL.notify_outbox {
-        sqlx::query(notify).execute(&mut *conn).await?;
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        let built = (chunk.len() > 1).then(|| multi_row_insert::<D>(chunk.len()));
+        let mut query = match &built {
+            Some(sql) => sqlx::query(sqlx::AssertSqlSafe(sql.as_str())),
+            None => sqlx::query(D::SQL.insert_outbox),
+        };
+        for row in chunk {
+            query = query
+                .bind(row.message_id)
+                .bind(row.exchange)
+                .bind(row.routing_key)
+                .bind(row.properties.as_str())
+                .bind(row.body.as_slice())
+                .bind(row.causation_id)
+                .bind(row.trace.traceparent())
+                .bind(row.trace.tracestate())
+                .bind(row.trace.baggage());
+        }
+        query.execute(&mut *conn).await?;
     }
     Ok(())
+}
+
+/// The dialect's outbox insert with `rows` rows of values, bound in order.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+fn multi_row_insert<D: crate::store::dialect::SqlDialect>(rows: usize) -> String {
+    const COLUMNS: usize = 9;
+    let statement = D::SQL.insert_outbox;
+    let head = &statement[..statement
+        .find("VALUES")
+        .expect("the outbox insert has a VALUES list")];
+    let mut sql = String::from(head);
+    sql.push_str("VALUES ");
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 1..=COLUMNS {
+            if column > 1 {
+                sql.push_str(", ");
+            }
+            let n = row * COLUMNS + column;
+            sql.push_str(&D::numbered_placeholder(n).unwrap_or_else(|| "?".to_owned()));
+        }
+        sql.push(')');
+    }
+    sql
 }
 
 shared_impl! {

@@ -123,9 +123,9 @@ pub async fn row3(
         .parse()
         .map_err(|e| format!("{e}"))?;
     let pool = crate::db::pool_size(env.settings.concurrency);
-    let store = match crate::db::open(&db_url, Some(schema), pool).await? {
-        crate::db::Database::Postgres(store) => store,
-        _ => return Err("the counting pass runs on PostgreSQL".into()),
+    let crate::db::Database::Postgres(store) = crate::db::open(&db_url, Some(schema), pool).await?
+    else {
+        return Err("the counting pass runs on PostgreSQL".into());
     };
     let counting = Env {
         amqp_url: through(&env.amqp_url, &broker)?,

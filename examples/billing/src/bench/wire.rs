@@ -112,11 +112,18 @@ impl Drop for Proxy {
 }
 
 fn lock(counts: &Mutex<Counts>) -> std::sync::MutexGuard<'_, Counts> {
-    counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    counts
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Copies both ways until either side closes, reading each direction's frames.
-async fn relay(protocol: Protocol, client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>) {
+async fn relay(
+    protocol: Protocol,
+    client: TcpStream,
+    server: TcpStream,
+    counts: Arc<Mutex<Counts>>,
+) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (mut client_read, mut client_write) = client.into_split();
@@ -311,8 +318,7 @@ impl Reader {
             self.started = true;
             at = 8;
         }
-        while let (Some(&kind), Some(size)) =
-            (self.pending.get(at), be_u32(&self.pending, at + 3))
+        while let (Some(&kind), Some(size)) = (self.pending.get(at), be_u32(&self.pending, at + 3))
         {
             let end = at + 7 + size as usize + 1;
             if self.pending.len() < end {
@@ -340,7 +346,8 @@ fn be_u32(buf: &[u8], at: usize) -> Option<u32> {
 }
 
 fn be_u16(buf: &[u8], at: usize) -> Option<u16> {
-    buf.get(at..at + 2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    buf.get(at..at + 2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]))
 }
 
 /// The NUL-terminated string at the start of `bytes`.
