@@ -24,7 +24,7 @@ pub const DEFAULT_BATCH_SIZE: usize = 32;
 /// Default wall time, on SQLite, after which a batch stops taking its next
 /// message and commits what it applied: bounds how long one batch holds the
 /// write lock. PostgreSQL and MySQL have no limit unless one is set.
-pub const DEFAULT_BATCH_TIME_LIMIT: Duration = Duration::from_millis(100);
+pub const DEFAULT_BATCH_TIME_LIMIT: Duration = crate::store::dialect::ONE_WRITER_BATCH_TIME_LIMIT;
 /// Default longest wait for a row lock inside a transaction over several
 /// messages: past it the wait fails as a lock conflict and the batch is split.
 /// Measured with `cargo bench --bench hot_rows` (docs/performance.md, "Lock conflicts"):

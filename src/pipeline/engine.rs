@@ -523,14 +523,19 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         let several = indices.len() > 1;
         let positions: Vec<usize> = group.iter().map(|(pos, _)| *pos).collect();
         let member = |pos: usize| &ready[indices[pos]];
-        let first = member(positions[0]);
-        let handler_span = spans::handler(&first.admitted.span, &first.meta.event_type);
-        // Each message's outbox rows continue its own trace.
+        // Each message's trace has its handler span, as with a handler of
+        // one message, all covering the one call; its outbox rows continue
+        // from it. The handler's own spans go under the first.
+        let handler_spans: Vec<tracing::Span> = positions
+            .iter()
+            .map(|&pos| spans::handler(&member(pos).admitted.span, &member(pos).meta.event_type))
+            .collect();
         let traces = positions
             .iter()
-            .map(|&pos| {
+            .zip(&handler_spans)
+            .map(|(&pos, span)| {
                 let this = member(pos);
-                let trace = spans::context_of(&this.admitted.span, &this.admitted.trace);
+                let trace = spans::context_of(span, &this.admitted.trace);
                 (this.meta.message_id.clone(), trace)
             })
             .collect();
@@ -538,8 +543,9 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         let messages = group.into_iter().map(|(_, message)| message).collect();
         let called = AssertUnwindSafe(route.call(messages, tx))
             .catch_unwind()
-            .instrument(handler_span)
+            .instrument(handler_spans[0].clone())
             .await;
+        drop(handler_spans);
         let mut gated = tx.take_batch_gated();
         let mut gated_of = |pos: usize| {
             gated

@@ -306,6 +306,12 @@ pub trait SqlDialect: Database {
     }
 }
 
+/// How long a batch may hold the one write lock of a database that has one
+/// (SQLite) before it commits what it applied: the consumer's default batch
+/// time limit.
+pub(crate) const ONE_WRITER_BATCH_TIME_LIMIT: std::time::Duration =
+    std::time::Duration::from_millis(100);
+
 /// What [`SqlDialect::take_batch`] took: the transaction holding the rows, if the
 /// dialect keeps one open, and the rows.
 pub(crate) type TakenBatch<D> = (Option<sqlx::Transaction<'static, D>>, Vec<RawOutboxRow>);

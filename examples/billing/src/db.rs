@@ -55,6 +55,24 @@ pub fn pool_size(concurrency: usize) -> u32 {
         .saturating_add(4)
 }
 
+/// Of several payments of one invoice, the first: paying an invoice again
+/// changes nothing but its status (the upsert keeps the first payment's
+/// values), and one statement may not upsert a row twice.
+pub(crate) fn first_per_invoice<'p>(payments: &'p [(Payment, &str)]) -> Vec<&'p Payment> {
+    let mut seen = std::collections::HashSet::new();
+    payments
+        .iter()
+        .map(|(p, _)| p)
+        .filter(|p| seen.insert(p.invoice_id.as_str()))
+        .collect()
+}
+
+/// `rows` copies of `row` (`(?, ?)`), comma separated: the VALUES list of a
+/// multi-row insert whose placeholders bind in order.
+pub(crate) fn values(rows: usize, row: &str) -> String {
+    vec![row; rows].join(", ")
+}
+
 /// A payment to record, validated.
 #[derive(Debug, Clone)]
 pub struct Payment {
@@ -97,11 +115,13 @@ pub trait BillingDb: warren::store::Dialect {
     /// Creates billing's tables if missing (warren's are migrated by warren).
     fn create_tables(store: &Self::S) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Upserts the invoice as paid and credits the loyalty points.
-    fn record_payment<'a>(
+    /// Upserts each payment's invoice as paid and credits its loyalty points,
+    /// for all of them at once: one statement on PostgreSQL, one per table
+    /// elsewhere. Each payment comes with the id of the message that carried
+    /// it (its loyalty row's). Never empty.
+    fn record_payments<'a>(
         tx: &'a mut Tx<Self>,
-        payment: &'a Payment,
-        message_id: &'a str,
+        payments: &'a [(Payment, &'a str)],
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// Counts for reports.
@@ -273,33 +293,35 @@ impl BillingDb for Postgres {
         Ok(())
     }
 
-    async fn record_payment<'a>(
+    async fn record_payments<'a>(
         tx: &'a mut Tx<Postgres>,
-        p: &'a Payment,
-        message_id: &'a str,
+        payments: &'a [(Payment, &'a str)],
     ) -> Result<(), sqlx::Error> {
+        let invoices = first_per_invoice(payments);
+        let column = |f: fn(&Payment) -> String| invoices.iter().map(|p| f(p)).collect::<Vec<_>>();
+        // One statement for both tables: the upsert is a data-modifying CTE,
+        // run whether or not the insert after it reads it.
         sqlx::query(
-            "INSERT INTO invoices (invoice_id, customer_id, amount, currency, status, paid_at,
-                                   payment_method, payment_reference)
-             VALUES ($1, $2, $3::numeric, $4, 'paid', $5, $6, $7)
-             ON CONFLICT (invoice_id) DO UPDATE SET status = 'paid'",
+            "WITH paid AS (
+                INSERT INTO invoices (invoice_id, customer_id, amount, currency, status, paid_at,
+                                      payment_method, payment_reference)
+                SELECT i, c, a::numeric, cur, 'paid', at, m, r
+                FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[],
+                            $6::text[], $7::text[]) AS t(i, c, a, cur, at, m, r)
+                ON CONFLICT (invoice_id) DO UPDATE SET status = 'paid')
+             INSERT INTO loyalty_points (customer_id, points, message_id)
+             SELECT c, pts::numeric, id FROM unnest($8::text[], $9::text[], $10::text[]) AS l(c, pts, id)",
         )
-        .bind(&p.invoice_id)
-        .bind(&p.customer_id)
-        .bind(&p.amount)
-        .bind(&p.currency)
-        .bind(p.paid_at)
-        .bind(&p.payment_method)
-        .bind(&p.payment_reference)
-        .execute(tx.conn())
-        .await?;
-        sqlx::query(
-            "INSERT INTO loyalty_points (customer_id, points, message_id)
-             VALUES ($1, $2::numeric, $3)",
-        )
-        .bind(&p.customer_id)
-        .bind(p.points.to_string())
-        .bind(message_id)
+        .bind(column(|p| p.invoice_id.clone()))
+        .bind(column(|p| p.customer_id.clone()))
+        .bind(column(|p| p.amount.clone()))
+        .bind(column(|p| p.currency.clone()))
+        .bind(invoices.iter().map(|p| p.paid_at).collect::<Vec<_>>())
+        .bind(invoices.iter().map(|p| p.payment_method.clone()).collect::<Vec<_>>())
+        .bind(column(|p| p.payment_reference.clone()))
+        .bind(payments.iter().map(|(p, _)| p.customer_id.clone()).collect::<Vec<_>>())
+        .bind(payments.iter().map(|(p, _)| p.points.to_string()).collect::<Vec<_>>())
+        .bind(payments.iter().map(|(_, id)| (*id).to_owned()).collect::<Vec<_>>())
         .execute(tx.conn())
         .await?;
         Ok(())
@@ -416,34 +438,42 @@ impl BillingDb for Sqlite {
         Ok(())
     }
 
-    async fn record_payment<'a>(
+    async fn record_payments<'a>(
         tx: &'a mut Tx<Sqlite>,
-        p: &'a Payment,
-        message_id: &'a str,
+        payments: &'a [(Payment, &'a str)],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        let invoices = first_per_invoice(payments);
+        let sql = format!(
             "INSERT INTO invoices (invoice_id, customer_id, amount, currency, status, paid_at,
                                    payment_method, payment_reference)
-             VALUES (?, ?, ?, ?, 'paid', ?, ?, ?)
+             VALUES {}
              ON CONFLICT (invoice_id) DO UPDATE SET status = 'paid'",
-        )
-        .bind(&p.invoice_id)
-        .bind(&p.customer_id)
-        .bind(&p.amount)
-        .bind(&p.currency)
-        .bind(p.paid_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
-        .bind(&p.payment_method)
-        .bind(&p.payment_reference)
-        .execute(tx.conn())
-        .await?;
-        sqlx::query(
-            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)",
-        )
-        .bind(&p.customer_id)
-        .bind(p.points.to_string())
-        .bind(message_id)
-        .execute(tx.conn())
-        .await?;
+            values(invoices.len(), "(?, ?, ?, ?, 'paid', ?, ?, ?)")
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for p in &invoices {
+            query = query
+                .bind(&p.invoice_id)
+                .bind(&p.customer_id)
+                .bind(&p.amount)
+                .bind(&p.currency)
+                .bind(p.paid_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+                .bind(&p.payment_method)
+                .bind(&p.payment_reference);
+        }
+        query.execute(tx.conn()).await?;
+        let sql = format!(
+            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES {}",
+            values(payments.len(), "(?, ?, ?)")
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (p, id) in payments {
+            query = query
+                .bind(&p.customer_id)
+                .bind(p.points.to_string())
+                .bind(*id);
+        }
+        query.execute(tx.conn()).await?;
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use warren::envelope::Metadata;
-use warren::{HandlerError, Message, Outgoing, Registry, State, Tx};
+use warren::{Batch, BatchError, BatchResult, HandlerError, Outgoing, Registry, State, Tx};
 
 use crate::amount::{Amount, shown};
 use crate::db::{BillingDb, Payment};
@@ -160,23 +160,44 @@ fn payment(
     })
 }
 
-/// Records a validated payment: invoice, loyalty credit and outgoing event, in the
-/// transaction the inbox claim is in.
-async fn record<B: BillingDb>(
-    exchange: &str,
-    payment: Payment,
-    meta: &Metadata,
-    attempt: u32,
-    tx: &mut Tx<B>,
-) -> Result<(), HandlerError> {
+/// The payment a message carries, or why it cannot be recorded now: a
+/// violation of billing's rules (permanent), or the stand-in for a dependency
+/// timing out (`cus_flaky*`, transient on the first two attempts).
+fn payable(payment: Result<Payment, HandlerError>, attempt: u32) -> Result<Payment, HandlerError> {
+    let payment = payment?;
     if payment.customer_id.starts_with("cus_flaky") && attempt <= 2 {
-        // A stand-in for a dependency timing out: fails on the first two attempts.
         return Err(HandlerError::transient(format!(
             "payment provider timed out (simulated, attempt {attempt})"
         )));
     }
-    B::record_payment(tx, &payment, &meta.message_id).await?;
-    let event = Outgoing::new(
+    Ok(payment)
+}
+
+/// The payments of a batch, each with its message's id, if every message's
+/// can be recorded now. Otherwise the messages whose cannot are named, with
+/// nothing written: each gets its own outcome, and the others come again
+/// without them.
+fn all_payable<'b, T>(
+    batch: &'b Batch<T>,
+    payments: impl Iterator<Item = Result<Payment, HandlerError>>,
+) -> Result<Vec<(Payment, &'b str)>, BatchError> {
+    let mut failed = Vec::new();
+    let mut payable = Vec::with_capacity(batch.len());
+    for (msg, payment) in batch.iter().zip(payments) {
+        match payment {
+            Ok(payment) => payable.push((payment, msg.meta.message_id.as_str())),
+            Err(e) => failed.push((msg, e)),
+        }
+    }
+    if !failed.is_empty() {
+        return Err(BatchError::messages(failed));
+    }
+    Ok(payable)
+}
+
+/// The event a recorded payment emits.
+fn recorded(payment: &Payment) -> Result<Outgoing, HandlerError> {
+    Outgoing::new(
         RECORDED,
         1,
         &PaymentRecorded {
@@ -188,56 +209,85 @@ async fn record<B: BillingDb>(
             payment_reference: payment.payment_reference.clone(),
         },
     )
-    .map_err(HandlerError::permanent)?;
-    tx.publish(exchange, RECORDED, event).await?;
+    .map_err(HandlerError::permanent)
+}
+
+/// Writes `payable` (one for each message of `batch`) and one event each to
+/// the outbox, in the transaction the batch's inbox claims are in: two
+/// statements for the whole batch on PostgreSQL.
+async fn write<B: BillingDb, T>(
+    exchange: &str,
+    batch: &Batch<T>,
+    payable: &[(Payment, &str)],
+    tx: &mut Tx<B>,
+) -> BatchResult {
+    B::record_payments(tx, payable).await?;
+    let events = batch
+        .iter()
+        .zip(payable)
+        .map(|(msg, (payment, _))| Ok((msg, recorded(payment)?)))
+        .collect::<Result<Vec<_>, HandlerError>>()?;
+    tx.publish_all(exchange, RECORDED, events)
+        .await
+        .map_err(HandlerError::from)?;
     Ok(())
 }
 
-/// The v1 handler. Its state is the exchange its outgoing events go to.
+/// The v1 handler, for a whole batch. Its state is the exchange its
+/// outgoing events go to.
 pub async fn paid_v1<B: BillingDb>(
     State(exchange): State<Arc<str>>,
-    msg: Message<InvoicePaidV1>,
+    batch: Batch<InvoicePaidV1>,
     tx: &mut Tx<B>,
-) -> Result<(), HandlerError> {
-    let p = &msg.payload;
-    // v1 carries no payment time: the event's own time stands in.
-    let payment = payment(
-        &msg.meta,
-        &p.invoice_id,
-        &p.customer_id,
-        &p.amount,
-        &p.currency,
-        msg.meta.occurred_at,
-        None,
-    )?;
-    record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
+) -> BatchResult {
+    let payments = batch.iter().map(|msg| {
+        let p = &msg.payload;
+        // v1 carries no payment time: the event's own time stands in.
+        let payment = payment(
+            &msg.meta,
+            &p.invoice_id,
+            &p.customer_id,
+            &p.amount,
+            &p.currency,
+            msg.meta.occurred_at,
+            None,
+        );
+        payable(payment, msg.attempt)
+    });
+    let payable = all_payable(&batch, payments)?;
+    write::<B, _>(&exchange, &batch, &payable, tx).await
 }
 
-/// The v2 handler.
+/// The v2 handler, for a whole batch.
 pub async fn paid_v2<B: BillingDb>(
     State(exchange): State<Arc<str>>,
-    msg: Message<InvoicePaidV2>,
+    batch: Batch<InvoicePaidV2>,
     tx: &mut Tx<B>,
-) -> Result<(), HandlerError> {
-    let p = &msg.payload;
-    let payment = payment(
-        &msg.meta,
-        &p.invoice_id,
-        &p.customer_id,
-        &p.amount,
-        &p.currency,
-        p.paid_at_utc,
-        Some(&p.payment_method),
-    )?;
-    record::<B>(&exchange, payment, &msg.meta, msg.attempt, tx).await
+) -> BatchResult {
+    let payments = batch.iter().map(|msg| {
+        let p = &msg.payload;
+        let payment = payment(
+            &msg.meta,
+            &p.invoice_id,
+            &p.customer_id,
+            &p.amount,
+            &p.currency,
+            p.paid_at_utc,
+            Some(&p.payment_method),
+        );
+        payable(payment, msg.attempt)
+    });
+    let payable = all_payable(&batch, payments)?;
+    write::<B, _>(&exchange, &batch, &payable, tx).await
 }
 
-/// billing's routing table: both schema versions side by side, sharing the
-/// exchange outgoing events go to.
+/// billing's routing table: both schema versions side by side, each a batch
+/// handler (every new message of a version in a transaction is recorded
+/// set-based), sharing the exchange outgoing events go to.
 pub fn routes<B: BillingDb>(exchange: &str) -> Registry<B, Arc<str>> {
     Registry::with_state(Arc::<str>::from(exchange))
-        .route(PAID_V1, 1, paid_v1::<B>)
-        .route(PAID_V2, 2, paid_v2::<B>)
+        .route_batch(PAID_V1, 1, paid_v1::<B>)
+        .route_batch(PAID_V2, 2, paid_v2::<B>)
 }
 
 #[cfg(test)]

@@ -27,6 +27,21 @@ pub trait BenchDb: BillingDb {
         message_id: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
+    /// Row 3b's effect: one row per message, in one statement.
+    fn insert_effects<'a>(
+        tx: &'a mut Tx<Self>,
+        message_ids: &'a [String],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Row 7, the database floor: in one transaction of a plain pool, the
+    /// inbox rows of `message_ids` (the claim warren makes, `ON CONFLICT DO
+    /// NOTHING`) and their effects, each set-based in one statement.
+    fn floor_apply<'a>(
+        pool: &'a Pool<Self>,
+        consumer: &'a str,
+        message_ids: &'a [String],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
     /// Row 2, the seed pattern written by hand: one transaction with the inbox
     /// row (`ON CONFLICT DO NOTHING`) and, if it was new, the same one-row effect.
     fn seed_apply<'a>(
@@ -51,6 +66,16 @@ pub async fn one_insert<B: BenchDb>(
     tx: &mut Tx<B>,
 ) -> Result<(), HandlerError> {
     B::insert_effect(tx, &msg.meta.message_id).await?;
+    Ok(())
+}
+
+/// Row 3b's handler: every message of the batch in one insert.
+pub async fn one_insert_batch<B: BenchDb>(
+    batch: warren::Batch<serde_json::Value>,
+    tx: &mut Tx<B>,
+) -> warren::BatchResult {
+    let ids: Vec<String> = batch.iter().map(|m| m.meta.message_id.clone()).collect();
+    B::insert_effects(tx, &ids).await?;
     Ok(())
 }
 
@@ -100,6 +125,39 @@ impl BenchDb for Postgres {
             .execute(tx.conn())
             .await
             .map(drop)
+    }
+
+    async fn insert_effects<'a>(
+        tx: &'a mut Tx<Self>,
+        message_ids: &'a [String],
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO bench_effects (message_id) SELECT unnest($1::text[])")
+            .bind(message_ids)
+            .execute(tx.conn())
+            .await
+            .map(drop)
+    }
+
+    async fn floor_apply<'a>(
+        pool: &'a Pool<Self>,
+        consumer: &'a str,
+        message_ids: &'a [String],
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
+             SELECT $1, id, 'billing.invoice-paid.v1', NULL, now() FROM unnest($2::text[]) AS t(id)
+             ON CONFLICT (consumer_name, message_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(message_ids)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO bench_effects (message_id) SELECT unnest($1::text[])")
+            .bind(message_ids)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
     }
 
     async fn seed_apply<'a>(
@@ -170,6 +228,52 @@ impl BenchDb for Sqlite {
             .execute(tx.conn())
             .await
             .map(drop)
+    }
+
+    async fn insert_effects<'a>(
+        tx: &'a mut Tx<Self>,
+        message_ids: &'a [String],
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO bench_effects (message_id) VALUES {}",
+            crate::db::values(message_ids.len(), "(?)")
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in message_ids {
+            query = query.bind(id);
+        }
+        query.execute(tx.conn()).await.map(drop)
+    }
+
+    async fn floor_apply<'a>(
+        pool: &'a Pool<Self>,
+        consumer: &'a str,
+        message_ids: &'a [String],
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let sql = format!(
+            "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
+             VALUES {} ON CONFLICT (consumer_name, message_id) DO NOTHING",
+            crate::db::values(message_ids.len(), "(?, ?, 'billing.invoice-paid.v1', NULL, ?)")
+        );
+        let now = chrono::Utc::now()
+            .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+            .to_string();
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in message_ids {
+            query = query.bind(consumer).bind(id).bind(&now);
+        }
+        query.execute(&mut *tx).await?;
+        let sql = format!(
+            "INSERT INTO bench_effects (message_id) VALUES {}",
+            crate::db::values(message_ids.len(), "(?)")
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in message_ids {
+            query = query.bind(id);
+        }
+        query.execute(&mut *tx).await?;
+        tx.commit().await
     }
 
     async fn seed_apply<'a>(

@@ -43,7 +43,7 @@ pub(super) async fn big_inbox<B: BenchDb>(
     // Fresh ids each time: the earlier rows' are in the same consumers' inbox.
     let n = messages.len();
     let queue = format!("bench-{}-{}-warren-big", env.tag, B::LABEL.to_lowercase());
-    let (row3, _) = row3::<B>(env, store, &queue, &invoices(n)).await?;
+    let row3 = row3::<B>(env, store, &queue, &invoices(n)).await?.rate;
     let prefix = format!("bench-{}-{}-big", env.tag, B::LABEL.to_lowercase());
     let (row4, _) = row4::<B>(env, store, &prefix, &invoices(n), settled, spec).await?;
     for (what, full, empty) in [("3", row3, empty_row3), ("4", row4.rate, empty_row4)] {
@@ -83,7 +83,8 @@ pub(super) async fn big_inbox<B: BenchDb>(
 }
 
 /// Row 4 over a grid of prefetch, concurrency and batch size, each with its
-/// p99 at half its own rate; names the settings it recommends.
+/// p99 from publish to the downstream event at 500 messages a second; names
+/// the fastest setting whose p99 is within the goal.
 pub(super) async fn sweep<B: BenchDb>(
     env: &Env,
     spec: &BenchSpec,
@@ -123,15 +124,16 @@ pub(super) async fn sweep<B: BenchDb>(
                     env.tag,
                     B::LABEL.to_lowercase()
                 );
-                let (row, (_, p99, _, _)) =
+                let (row, latencies) =
                     row4::<B>(&cell, store, &prefix, &messages, settled, spec).await?;
+                let p99 = latencies.end_to_end.last().map_or(Duration::MAX, |l| l.p99);
                 println!(
                     "   {prefetch:>8} {concurrency:>11} {batch:>10} {:>9.0} {:>7.3} {:>9.1}",
                     row.rate,
                     row.rate / bare,
                     ms(p99)
                 );
-                if p99 < goals.p99 && best.is_none_or(|(r, ..)| row.rate > r) {
+                if p99 < goals.sweep_p99() && best.is_none_or(|(r, ..)| row.rate > r) {
                     best = Some((row.rate, prefetch, concurrency, batch));
                 }
             }
@@ -143,11 +145,11 @@ pub(super) async fn sweep<B: BenchDb>(
              ({r:.0} msg/s, {:.3} of row 1, p99 within {} ms)",
             B::LABEL,
             r / bare,
-            goals.p99.as_millis()
+            goals.sweep_p99().as_millis()
         ),
         None => println!(
             "   no setting kept p99 within {} ms on {}",
-            goals.p99.as_millis(),
+            goals.sweep_p99().as_millis(),
             B::LABEL
         ),
     }

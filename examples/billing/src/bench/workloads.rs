@@ -18,9 +18,10 @@ use warren::topology::QueueType;
 use warren::topology::Topology;
 use warren::{Consumer, ConsumerConfig, Outgoing, Registry, Relay, RelayConfig, lapin};
 
-use super::dbs::{BenchDb, one_insert, one_insert_failing};
-use super::probe::{Settled, percentile};
-use crate::handlers::{CONSUMER, PAID_V1};
+use super::Latency;
+use super::dbs::{BenchDb, one_insert, one_insert_batch, one_insert_failing};
+use super::probe::{CpuTimes, Settled, percentile};
+use crate::handlers::{CONSUMER, PAID_V1, RECORDED};
 use crate::service::{self, Names, Settings};
 use crate::stream::{Planned, StreamSpec, plan};
 
@@ -221,6 +222,42 @@ pub async fn seed_pattern<B: BenchDb>(
     Ok(elapsed)
 }
 
+/// Publishes `messages` to `exchange` at `rate` a second, a tick's worth every
+/// 10 ms, each batch confirmed; returns when each was published, by id.
+async fn publish_paced(
+    env: &Env,
+    exchange: &str,
+    messages: &[Planned],
+    rate: f64,
+) -> Result<HashMap<String, Instant>, String> {
+    let tick = Duration::from_millis(10);
+    let per_tick = rate * tick.as_secs_f64();
+    let total = messages.len();
+    let mut published: HashMap<String, Instant> = HashMap::with_capacity(total);
+    let mut interval = tokio::time::interval(tick);
+    let (mut sent, mut due) = (0usize, 0.0f64);
+    while sent < total {
+        interval.tick().await;
+        due += per_tick;
+        let upto = (due.floor() as usize).min(total);
+        if upto > sent {
+            let now = Instant::now();
+            for m in &messages[sent..upto] {
+                let id = m
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                published.insert(id, now);
+            }
+            publish(env, exchange, None, &messages[sent..upto]).await?;
+            sent = upto;
+        }
+    }
+    Ok(published)
+}
+
 /// Waits until `applied` reaches `n`, from the moment `consuming` turns true
 /// (when `on_consuming` runs).
 async fn drained(
@@ -283,6 +320,71 @@ pub async fn warren_one_insert<B: BenchDb>(
     Ok((elapsed, stats.snapshot()))
 }
 
+/// Row 3b: warren's consumer with a batch handler writing one insert for all
+/// new messages of a transaction.
+pub async fn warren_batch_insert<B: BenchDb>(
+    env: &Env,
+    store: B::S,
+    queue: &str,
+    n: usize,
+) -> Result<(Duration, warren::telemetry::ConsumerStats), String> {
+    let routes: Registry<B> = Registry::new().route_batch(PAID_V1, 1, one_insert_batch::<B>);
+    let config = consumer_config(env, queue)?;
+    let consumer = Consumer::new(config, store, routes);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let url = env.amqp_url.clone();
+    let task = tokio::spawn(async move {
+        consumer
+            .run(&url, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let elapsed = drained(&stats, n, &|| {}).await;
+    let _ = stop.send(());
+    task.await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok((elapsed, stats.snapshot()))
+}
+
+/// Row 7: what the database itself costs for row 3's rows: the inbox claims
+/// and effects of `messages`, 32 a transaction, each set-based in one
+/// statement, `concurrency` transactions at once on a plain pool. No broker.
+pub async fn database_floor<B: BenchDb>(
+    env: &Env,
+    pool: &sqlx::Pool<B>,
+    messages: &[Planned],
+) -> Result<Duration, String> {
+    let ids: Vec<String> = messages
+        .iter()
+        .map(|m| {
+            m.properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    let consumer = format!("floor-{}", env.tag);
+    let chunks: Vec<Vec<String>> = ids.chunks(32).map(<[String]>::to_vec).collect();
+    let start = Instant::now();
+    let results = futures_util::stream::iter(chunks)
+        .map(|chunk| {
+            let (pool, consumer) = (pool.clone(), consumer.clone());
+            async move { B::floor_apply(&pool, &consumer, &chunk).await }
+        })
+        .buffer_unordered(env.settings.concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    let elapsed = start.elapsed();
+    for r in results {
+        r.map_err(|e| format!("the floor's transaction failed: {e}"))?;
+    }
+    Ok(elapsed)
+}
+
 /// billing itself, running: both consumers and the relay.
 pub struct Billing {
     pub names: Names,
@@ -333,35 +435,12 @@ impl Billing {
         settled: &Settled,
         rate: f64,
         period: Duration,
-    ) -> Result<(Duration, Duration, usize), String> {
+    ) -> Result<Latency, String> {
         let before = self.running.stats.snapshot().applied;
-        let tick = Duration::from_millis(10);
-        let per_tick = rate * tick.as_secs_f64();
         let total = (rate * period.as_secs_f64()).round() as usize;
         let messages = invoices(total);
-        let mut published: HashMap<String, Instant> = HashMap::with_capacity(total);
         settled.start();
-        let mut interval = tokio::time::interval(tick);
-        let (mut sent, mut due) = (0usize, 0.0f64);
-        while sent < total {
-            interval.tick().await;
-            due += per_tick;
-            let upto = (due.floor() as usize).min(total);
-            if upto > sent {
-                let now = Instant::now();
-                for m in &messages[sent..upto] {
-                    let id = m
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map(|s| s.to_string())
-                        .unwrap_or_default();
-                    published.insert(id, now);
-                }
-                publish(env, &self.names.exchange(), None, &messages[sent..upto]).await?;
-                sent = upto;
-            }
-        }
+        let published = publish_paced(env, &self.names.exchange(), &messages, rate).await?;
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.running.stats.snapshot().applied < before + total as u64 {
             if Instant::now() > deadline {
@@ -376,12 +455,118 @@ impl Billing {
             .iter()
             .filter_map(|(id, at)| settled.get(id).map(|s| s.saturating_duration_since(*at)))
             .collect();
-        let seen = samples.len();
-        Ok((
-            percentile(&mut samples, 50.0),
-            percentile(&mut samples, 99.0),
-            seen,
-        ))
+        Ok(Latency {
+            rate,
+            samples: samples.len(),
+            p50: percentile(&mut samples, 50.0),
+            p99: percentile(&mut samples, 99.0),
+        })
+    }
+
+    /// Publishes invoices at `rate` a second for `period` and returns the
+    /// latency of each from just before its publish to the arrival of the
+    /// `invoice-payment-recorded` event it caused at a consumer downstream
+    /// (a queue of the benchmark's bound to billing's exchange): through the
+    /// inbox, the effect, the outbox and the relay.
+    pub async fn end_to_end(
+        &self,
+        env: &Env,
+        rate: f64,
+        period: Duration,
+    ) -> Result<Latency, String> {
+        let sink = format!("{}.e2e-sink", self.names.prefix);
+        let channel = env
+            .connection
+            .create_channel()
+            .await
+            .map_err(fail("channel"))?;
+        channel
+            .queue_declare(
+                sink.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(fail("downstream queue"))?;
+        channel
+            .queue_bind(
+                sink.as_str().into(),
+                self.names.exchange().as_str().into(),
+                RECORDED.into(),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(fail("downstream binding"))?;
+        let mut events = channel
+            .basic_consume(
+                sink.as_str().into(),
+                format!("e2e-{}", env.tag).as_str().into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(fail("downstream consumer"))?;
+        let total = (rate * period.as_secs_f64()).round() as usize;
+        let arrived: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+        let recorder = Arc::clone(&arrived);
+        let receiving = tokio::spawn(async move {
+            while let Some(Ok(event)) = events.next().await {
+                let at = Instant::now();
+                let cause = serde_json::from_slice::<serde_json::Value>(&event.data)
+                    .ok()
+                    .and_then(|v| v.get("causationId")?.as_str().map(str::to_owned));
+                if let Some(cause) = cause {
+                    recorder
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(cause, at);
+                }
+            }
+        });
+        let messages = invoices(total);
+        let published = publish_paced(env, &self.names.exchange(), &messages, rate).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let all_arrived = || {
+            arrived
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .len()
+                >= total
+        };
+        while published.is_ok() && !all_arrived() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        receiving.abort();
+        let _ = channel.close(200, "done".into()).await;
+        let published = published?;
+        let arrived = arrived
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if arrived.len() < total {
+            return Err(format!(
+                "end to end: {} of {total} events arrived downstream within 60 s",
+                arrived.len()
+            ));
+        }
+        let mut samples: Vec<Duration> = published
+            .iter()
+            .filter_map(|(id, at)| arrived.get(id).map(|a| a.saturating_duration_since(*at)))
+            .collect();
+        Ok(Latency {
+            rate,
+            samples: samples.len(),
+            p50: percentile(&mut samples, 50.0),
+            p99: percentile(&mut samples, 99.0),
+        })
     }
 
     /// Outbox rows still waiting for the relay.
@@ -407,12 +592,13 @@ impl Billing {
 
 /// Row 5: the relay draining `n` rows written to the outbox beforehand, against
 /// the same messages published by hand in batches of the relay's size, each
-/// batch's confirms awaited (row 5a). Returns (relay, bare).
+/// batch's confirms awaited (row 5a). Returns (relay, bare), each with the
+/// CPU the processes spent.
 pub async fn relay_against_bare<B: BenchDb>(
     env: &Env,
     store: B::S,
     n: usize,
-) -> Result<(Duration, Duration), String> {
+) -> Result<((Duration, CpuTimes), (Duration, CpuTimes)), String> {
     let exchange = format!("bench-{}.out", env.tag);
     let queue = format!("bench-{}.out-sink", env.tag);
     let channel = env
@@ -481,6 +667,7 @@ pub async fn relay_against_bare<B: BenchDb>(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let url = env.amqp_url.clone();
     let start = Instant::now();
+    let relay_cpu = CpuTimes::now();
     let task = tokio::spawn(async move {
         relay
             .run(&url, async {
@@ -492,6 +679,7 @@ pub async fn relay_against_bare<B: BenchDb>(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let relay_time = start.elapsed();
+    let relay_cpu = CpuTimes::now().since(&relay_cpu);
     let _ = stop.send(());
     task.await
         .map_err(|e| e.to_string())?
@@ -499,6 +687,7 @@ pub async fn relay_against_bare<B: BenchDb>(
 
     let bodies: Vec<Vec<u8>> = events.iter().map(Outgoing::body).collect();
     let start = Instant::now();
+    let bare_cpu = CpuTimes::now();
     for (chunk, bodies) in events.chunks(batch).zip(bodies.chunks(batch)) {
         let items: Vec<BatchItem<'_>> = chunk
             .iter()
@@ -515,11 +704,12 @@ pub async fn relay_against_bare<B: BenchDb>(
         }
     }
     let bare_time = start.elapsed();
+    let bare_cpu = CpuTimes::now().since(&bare_cpu);
     let _ = channel
         .queue_delete(queue.as_str().into(), Default::default())
         .await;
     let _ = channel
         .exchange_delete(exchange.as_str().into(), Default::default())
         .await;
-    Ok((relay_time, bare_time))
+    Ok(((relay_time, relay_cpu), (bare_time, bare_cpu)))
 }

@@ -8,8 +8,8 @@ use warren::store::StoreError;
 use warren::{MySqlStore, Tx};
 
 use super::{
-    Audit, BillingDb, Counts, Payment, audit_with, corrupt, credit_state_with, integer,
-    sum_by_currency,
+    Audit, BillingDb, Counts, Payment, audit_with, corrupt, credit_state_with, first_per_invoice,
+    integer, sum_by_currency, values,
 };
 use crate::credit::{CreditLimit, CreditState};
 
@@ -119,34 +119,42 @@ impl BillingDb for MySql {
         Ok(())
     }
 
-    async fn record_payment<'a>(
+    async fn record_payments<'a>(
         tx: &'a mut Tx<MySql>,
-        p: &'a Payment,
-        message_id: &'a str,
+        payments: &'a [(Payment, &'a str)],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        let invoices = first_per_invoice(payments);
+        let sql = format!(
             "INSERT INTO invoices (invoice_id, customer_id, amount, currency, status, paid_at,
                                    payment_method, payment_reference)
-             VALUES (?, ?, ?, ?, 'paid', ?, ?, ?)
+             VALUES {}
              ON DUPLICATE KEY UPDATE status = 'paid'",
-        )
-        .bind(&p.invoice_id)
-        .bind(&p.customer_id)
-        .bind(&p.amount)
-        .bind(&p.currency)
-        .bind(p.paid_at.naive_utc())
-        .bind(&p.payment_method)
-        .bind(&p.payment_reference)
-        .execute(tx.conn())
-        .await?;
-        sqlx::query(
-            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES (?, ?, ?)",
-        )
-        .bind(&p.customer_id)
-        .bind(p.points.to_string())
-        .bind(message_id)
-        .execute(tx.conn())
-        .await?;
+            values(invoices.len(), "(?, ?, ?, ?, 'paid', ?, ?, ?)")
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for p in &invoices {
+            query = query
+                .bind(&p.invoice_id)
+                .bind(&p.customer_id)
+                .bind(&p.amount)
+                .bind(&p.currency)
+                .bind(p.paid_at.naive_utc())
+                .bind(&p.payment_method)
+                .bind(&p.payment_reference);
+        }
+        query.execute(tx.conn()).await?;
+        let sql = format!(
+            "INSERT INTO loyalty_points (customer_id, points, message_id) VALUES {}",
+            values(payments.len(), "(?, ?, ?)")
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (p, id) in payments {
+            query = query
+                .bind(&p.customer_id)
+                .bind(p.points.to_string())
+                .bind(*id);
+        }
+        query.execute(tx.conn()).await?;
         Ok(())
     }
 

@@ -165,3 +165,69 @@ async fn a_crash_between_commit_and_ack_is_applied_once() {
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].0.meta.causation_id.as_deref(), id(&m));
 }
+
+/// One batch of both versions, a poison message, a flaky customer, a copy of
+/// an earlier message and a second payment of the same invoice: the handlers
+/// are called once per version, each message gets its own outcome, and the
+/// invoice paid twice keeps its first payment's values and credits both.
+#[tokio::test]
+async fn a_batch_of_every_kind_records_each_payment_once() {
+    let kit = kit().await;
+    let first = v1("in_1", "cus_a", "12.50");
+    let again = v2("in_1", "cus_a", "99");
+    let negative = v1("in_2", "cus_b", "-1");
+    let flaky = v1("in_3", "cus_flaky_1", "3");
+    let other = v2("in_4", "cus_c", "7");
+    let settled = kit
+        .deliver_batch(&[
+            first.clone(),
+            again.clone(),
+            negative,
+            flaky,
+            first.clone(),
+            other,
+        ])
+        .await;
+    assert_eq!(settled[0], Settled::Applied);
+    assert_eq!(settled[1], Settled::Applied);
+    assert!(
+        matches!(
+            settled[2],
+            Settled::DeadLettered {
+                reason: DeadLetterReason::Permanent,
+                ..
+            }
+        ),
+        "{:?}",
+        settled[2]
+    );
+    assert!(
+        matches!(settled[3], Settled::Retried { attempt: 1, .. }),
+        "{:?}",
+        settled[3]
+    );
+    assert_eq!(settled[4], Settled::Duplicate);
+    assert_eq!(settled[5], Settled::Applied);
+    let c = counts(&kit).await;
+    assert_eq!((c.invoices_paid, c.loyalty_rows), (2, 3), "{c:?}");
+    assert_eq!(c.loyalty_sum, 12 + 99 + 7, "one credit per message");
+    let paid: String = sqlx::query_scalar("SELECT amount FROM invoices WHERE invoice_id = 'in_1'")
+        .fetch_one(kit.store().pool())
+        .await
+        .unwrap();
+    assert_eq!(paid, "12.50", "the first payment's values stay");
+    let events = recorded(&kit).await;
+    assert_eq!(events.len(), 3);
+    let causes: Vec<_> = events
+        .iter()
+        .map(|(m, _)| m.meta.causation_id.clone())
+        .collect();
+    assert!(causes.contains(&id(&first).map(str::to_owned)));
+    assert!(causes.contains(&id(&again).map(str::to_owned)));
+    assert!(matches!(
+        kit.next_attempt().await,
+        Settled::Retried { attempt: 2, .. }
+    ));
+    assert_eq!(kit.next_attempt().await, Settled::Applied);
+    assert_eq!(counts(&kit).await.loyalty_rows, 4, "the flaky one, once");
+}
