@@ -177,10 +177,10 @@ fn payable(payment: Result<Payment, HandlerError>, attempt: u32) -> Result<Payme
 /// can be recorded now. Otherwise the messages whose cannot are named, with
 /// nothing written: each gets its own outcome, and the others come again
 /// without them.
-fn all_payable<'b, T>(
-    batch: &'b Batch<T>,
+fn all_payable<T>(
+    batch: &Batch<T>,
     payments: impl Iterator<Item = Result<Payment, HandlerError>>,
-) -> Result<Vec<(Payment, &'b str)>, BatchError> {
+) -> Result<Vec<(Payment, &str)>, BatchError> {
     let mut failed = Vec::new();
     let mut payable = Vec::with_capacity(batch.len());
     for (msg, payment) in batch.iter().zip(payments) {
