@@ -62,7 +62,7 @@ async fn child() {
     };
     let spec: ChildSpec = serde_json::from_str(&spec).unwrap();
     tracing_subscriber::fmt()
-        .with_env_filter("warren=info")
+        .with_env_filter("warren=info,warren::telemetry=debug")
         .with_ansi(false)
         .init();
     match spec.backend.as_str() {

@@ -67,9 +67,10 @@ fn processed<'a>(lines: &'a [Value], id: &str) -> Vec<&'a Value> {
 async fn each_outcome_is_logged_once_and_truthfully() {
     let captured = Captured::default();
     let writer = captured.clone();
+    // Applied outcomes are logged at DEBUG.
     let subscriber = tracing_subscriber::fmt()
         .json()
-        .with_max_level(tracing::Level::INFO)
+        .with_env_filter("info,warren::telemetry=debug")
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -149,7 +150,7 @@ async fn each_outcome_is_logged_once_and_truthfully() {
     assert!(first["fields"]["error"].is_string(), "{first}");
     assert!(first["fields"]["retry_in"].is_string(), "{first}");
     let second = &seen[1];
-    assert_eq!(second["level"], "INFO");
+    assert_eq!(second["level"], "DEBUG");
     assert_eq!(second["fields"]["processing_result"], "applied");
     assert_eq!(second["fields"]["retry_attempt"], 1);
     assert!(second["fields"].get("error").is_none(), "{second}");

@@ -42,7 +42,7 @@ use warren::broker::Publisher;
 use warren::config::BatchIsolation;
 use warren::store::Store;
 
-pub use probe::{Probe, Settled};
+pub use probe::{LogSwitches, Probe, Settled, install_switches};
 
 use crate::config::Config;
 use dbs::BenchDb;
@@ -334,12 +334,18 @@ async fn on_database<B: BenchDb>(
 
     let mut one_insert = None;
     let mut batch_insert = None;
+    let mut logging = None;
     if spec.runs(3) {
         println!("{}: row 3, warren with a one-insert handler", B::LABEL);
         one_insert = Some(row3::<B>(env, &store, &queue("warren"), &messages).await?);
         println!("{}: row 3b, warren with a batch handler", B::LABEL);
         batch_insert =
             Some(row3_batch::<B>(env, &store, &queue("warren-batch"), &invoices(n)).await?);
+        println!("{}: row 3i, row 3 with a log line per message", B::LABEL);
+        probe::log_lines(true);
+        let logged = row3::<B>(env, &store, &queue("warren-logged"), &invoices(n)).await;
+        probe::log_lines(false);
+        logging = Some(logged?);
     }
 
     let mut floor = None;
@@ -437,6 +443,16 @@ async fn on_database<B: BenchDb>(
             rows.push(Row::new(name, d.rate, (d.rate / seed, "row 2")).goal(goals.over_seed));
         }
     }
+    if let (Some(d), Some(logged)) = (one_insert, logging) {
+        rows.push(
+            Row::new(
+                "3i row 3, a log line per message (text, /dev/null)",
+                logged.rate,
+                (logged.rate / d.rate, "row 3"),
+            )
+            .cpu(logged.cpu),
+        );
+    }
     if let Some((row4, _)) = &billing {
         rows.push(
             Row::new(
@@ -522,7 +538,7 @@ async fn on_database<B: BenchDb>(
             ms(half.p50),
             ms(half.p99),
         );
-        for e2e in &latency.end_to_end {
+        for (e2e, legs) in &latency.end_to_end {
             let goal = goals.end_to_end_p99(e2e.rate);
             println!(
                 "   row 4 end to end at {:.0} msg/s ({} messages), publish to the \
@@ -536,6 +552,16 @@ async fn on_database<B: BenchDb>(
                     g.as_millis(),
                     met(e2e.p99 < g)
                 )),
+            );
+            let leg = |(p50, p99): (Duration, Duration)| {
+                format!("p50 {:.1} ms, p99 {:.1} ms", ms(p50), ms(p99))
+            };
+            println!(
+                "     where it went: publish to settled (broker, batch, commit, ack) {}; settled \
+                 to the relay's publish {}; the relay's publish to the event downstream {}",
+                leg(legs.consumer),
+                leg(legs.relay),
+                leg(legs.downstream),
             );
         }
     }
@@ -807,7 +833,7 @@ pub struct Latency {
 /// the downstream event at the fixed rates of the goals.
 struct Latencies {
     half_load: Latency,
-    end_to_end: Vec<Latency>,
+    end_to_end: Vec<(Latency, workloads::Legs)>,
 }
 
 /// The rates the end-to-end latency is measured at: the goals'.
@@ -823,18 +849,81 @@ async fn row4<B: BenchDb>(
     settled: &Settled,
     spec: &BenchSpec,
 ) -> Result<(Row4, Latencies), String> {
+    row4_with::<B>(
+        env,
+        store,
+        prefix,
+        messages,
+        settled,
+        spec,
+        &END_TO_END_RATES,
+        true,
+    )
+    .await
+}
+
+/// Waits until the relay has published every row of the outbox; how long.
+async fn relay_caught_up<B: BenchDb>(store: &B::S) -> Result<Duration, String> {
+    let start = std::time::Instant::now();
+    while workloads::Billing::outbox_pending(store).await > 0 {
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err("the relay did not publish its backlog within 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(start.elapsed())
+}
+
+/// Row 4, its latency at half load if `half_load` (else reported as zero),
+/// and end to end at each of `rates`.
+#[allow(clippy::too_many_arguments)]
+async fn row4_with<B: BenchDb>(
+    env: &Env,
+    store: &B::S,
+    prefix: &str,
+    messages: &[crate::stream::Planned],
+    settled: &Settled,
+    spec: &BenchSpec,
+    rates: &[f64],
+    half_load: bool,
+) -> Result<(Row4, Latencies), String> {
     let n = messages.len();
     let billing = workloads::start_billing::<B>(env, store.clone(), prefix, messages).await?;
     let run = measured(n, billing.drain(n)).await;
     let pending_outbox = workloads::Billing::outbox_pending(store).await;
     let r = rate(n, run.out);
+    // The latency runs measure a relay that keeps up, not the backlog the
+    // drain left it.
+    let waited = relay_caught_up::<B>(store).await?;
+    if half_load {
+        println!(
+            "   the relay published row 4's backlog of {pending_outbox} events {:.1} s after \
+             the queue was drained",
+            waited.as_secs_f64()
+        );
+    }
     let latencies = async {
-        let half_load = billing
-            .latencies(env, settled, r / 2.0, spec.latency_period)
-            .await?;
+        let half_load = match half_load {
+            true => {
+                billing
+                    .latencies(env, settled, r / 2.0, spec.latency_period)
+                    .await?
+            }
+            false => Latency {
+                rate: 0.0,
+                p50: Duration::ZERO,
+                p99: Duration::ZERO,
+                samples: 0,
+            },
+        };
         let mut end_to_end = Vec::new();
-        for rate in END_TO_END_RATES {
-            end_to_end.push(billing.end_to_end(env, rate, spec.latency_period).await?);
+        for &rate in rates {
+            relay_caught_up::<B>(store).await?;
+            end_to_end.push(
+                billing
+                    .end_to_end(env, settled, rate, spec.latency_period)
+                    .await?,
+            );
         }
         Ok::<_, String>(Latencies {
             half_load,

@@ -143,7 +143,8 @@ pub async fn run<B: BillingDb>(
             "json",
             "run",
         ])
-        .env("RUST_LOG", "info");
+        // Every outcome, applied ones (at DEBUG) too: the tally counts them.
+        .env("RUST_LOG", "info,warren::telemetry=debug");
         cmd
     })
     .with_ready_line("\"consuming\"");

@@ -408,9 +408,31 @@ fn otel_layer(otel: &Otel) -> tracing_subscriber::layer::Identity {
 fn init_bench_logging() -> Result<Option<Otel>, String> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{Layer, filter};
-    let probe = bench::Probe(SETTLED.clone())
-        .with_filter(filter::Targets::new().with_target("warren::telemetry", tracing::Level::INFO));
+    use tracing_subscriber::{Layer, filter, reload};
+    // Off until a row turns them on (bench::probe::LogSwitches).
+    let per_message = |on: bool| match on {
+        true => filter::Targets::new().with_target("warren::telemetry", tracing::Level::TRACE),
+        false => filter::Targets::new(),
+    };
+    let (probe_filter, probe_switch) = reload::Layer::new(per_message(false));
+    let probe = bench::Probe(SETTLED.clone()).with_filter(probe_filter);
+    let (lines_filter, lines_switch) = reload::Layer::new(per_message(false));
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::sync::Mutex::new(null))
+        .with_ansi(false)
+        .with_filter(lines_filter);
+    bench::install_switches(bench::LogSwitches {
+        probe: Box::new(move |on| {
+            let _ = probe_switch.reload(per_message(on));
+        }),
+        lines: Box::new(move |on| {
+            let _ = lines_switch.reload(per_message(on));
+        }),
+    });
     // lapin reports the channels the clean-up closes on purpose; only warren's
     // and billing's own warnings are news.
     let warnings = tracing_subscriber::fmt::layer()
@@ -433,6 +455,7 @@ fn init_bench_logging() -> Result<Option<Otel>, String> {
     let otel = otel_from_env()?;
     tracing_subscriber::registry()
         .with(probe)
+        .with(lines)
         .with(warnings)
         .with(otel.as_ref().map(otel_layer))
         .init();

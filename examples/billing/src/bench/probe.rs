@@ -10,6 +10,30 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::Context;
 
+/// Switches for what the benchmark's subscriber listens to, installed by its
+/// logging setup. Both are off unless a row needs them, so that no other row
+/// pays for an event per message: the probe (while a latency run records),
+/// and a log line per message written as text to `/dev/null` (the row that
+/// measures what such a line costs).
+pub struct LogSwitches {
+    pub probe: Box<dyn Fn(bool) + Send + Sync>,
+    pub lines: Box<dyn Fn(bool) + Send + Sync>,
+}
+
+static SWITCHES: std::sync::OnceLock<LogSwitches> = std::sync::OnceLock::new();
+
+/// Installs the switches (once, at start).
+pub fn install_switches(switches: LogSwitches) {
+    let _ = SWITCHES.set(switches);
+}
+
+/// Turns the per-message log lines on or off.
+pub fn log_lines(on: bool) {
+    if let Some(s) = SWITCHES.get() {
+        (s.lines)(on);
+    }
+}
+
 /// When each message id settled, while recording.
 #[derive(Clone, Default)]
 pub struct Settled(Arc<Mutex<Option<HashMap<String, Instant>>>>);
@@ -18,10 +42,16 @@ impl Settled {
     /// Starts recording (and forgets what was recorded before).
     pub fn start(&self) {
         *self.lock() = Some(HashMap::new());
+        if let Some(s) = SWITCHES.get() {
+            (s.probe)(true);
+        }
     }
 
     /// Stops recording and returns what was recorded.
     pub fn take(&self) -> HashMap<String, Instant> {
+        if let Some(s) = SWITCHES.get() {
+            (s.probe)(false);
+        }
         self.lock().take().unwrap_or_default()
     }
 

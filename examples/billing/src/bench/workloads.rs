@@ -222,6 +222,18 @@ pub async fn seed_pattern<B: BenchDb>(
     Ok(elapsed)
 }
 
+/// Where an end-to-end latency went, each leg's p50 and p99: from the
+/// publish to the delivery's settling (broker in, batch, commit, ack); from
+/// there to the relay publishing its event (the relay's wake, its take of the
+/// row); from there to the event's arrival downstream (the broker, the
+/// publisher confirm). The relay's stamp is in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Legs {
+    pub consumer: (Duration, Duration),
+    pub relay: (Duration, Duration),
+    pub downstream: (Duration, Duration),
+}
+
 /// Publishes `messages` to `exchange` at `rate` a second, a tick's worth every
 /// 10 ms, each batch confirmed; returns when each was published, by id.
 async fn publish_paced(
@@ -467,13 +479,14 @@ impl Billing {
     /// latency of each from just before its publish to the arrival of the
     /// `invoice-payment-recorded` event it caused at a consumer downstream
     /// (a queue of the benchmark's bound to billing's exchange): through the
-    /// inbox, the effect, the outbox and the relay.
+    /// inbox, the effect, the outbox and the relay; and where that time went.
     pub async fn end_to_end(
         &self,
         env: &Env,
+        settled: &Settled,
         rate: f64,
         period: Duration,
-    ) -> Result<Latency, String> {
+    ) -> Result<(Latency, Legs), String> {
         let sink = format!("{}.e2e-sink", self.names.prefix);
         let channel = env
             .connection
@@ -515,7 +528,10 @@ impl Billing {
             .await
             .map_err(fail("downstream consumer"))?;
         let total = (rate * period.as_secs_f64()).round() as usize;
-        let arrived: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+        // Each event's arrival, and when the relay published it (its
+        // published-at-ms header, by this host's clock).
+        type Arrivals = HashMap<String, (Instant, Option<i64>)>;
+        let arrived: Arc<std::sync::Mutex<Arrivals>> = Arc::default();
         let recorder = Arc::clone(&arrived);
         let receiving = tokio::spawn(async move {
             while let Some(Ok(event)) = events.next().await {
@@ -523,29 +539,36 @@ impl Billing {
                 let cause = serde_json::from_slice::<serde_json::Value>(&event.data)
                     .ok()
                     .and_then(|v| v.get("causationId")?.as_str().map(str::to_owned));
+                let relayed = event.properties.headers().as_ref().and_then(|h| {
+                    warren::amqp::header_int(h, warren::headers::HEADER_PUBLISHED_AT_MS)
+                });
                 if let Some(cause) = cause {
                     recorder
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(cause, at);
+                        .insert(cause, (at, relayed));
                 }
             }
         });
         let messages = invoices(total);
+        // An instant and the wall clock read together, to put the relay's
+        // stamps on the axis of the instants measured here.
+        let (origin, origin_ms) = (Instant::now(), chrono::Utc::now().timestamp_millis());
+        settled.start();
         let published = publish_paced(env, &self.names.exchange(), &messages, rate).await;
         let deadline = Instant::now() + Duration::from_secs(60);
-        let all_arrived = || {
+        let count = || {
             arrived
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .len()
-                >= total
         };
-        while published.is_ok() && !all_arrived() && Instant::now() < deadline {
+        while published.is_ok() && count() < total && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         receiving.abort();
         let _ = channel.close(200, "done".into()).await;
+        let settled = settled.take();
         let published = published?;
         let arrived = arrived
             .lock()
@@ -557,16 +580,38 @@ impl Billing {
                 arrived.len()
             ));
         }
-        let mut samples: Vec<Duration> = published
-            .iter()
-            .filter_map(|(id, at)| arrived.get(id).map(|a| a.saturating_duration_since(*at)))
-            .collect();
-        Ok(Latency {
-            rate,
-            samples: samples.len(),
-            p50: percentile(&mut samples, 50.0),
-            p99: percentile(&mut samples, 99.0),
-        })
+        let at_ms = |instant: Instant| {
+            origin_ms as f64 + instant.saturating_duration_since(origin).as_secs_f64() * 1e3
+        };
+        let span = |ms: f64| Duration::from_secs_f64(ms.max(0.0) / 1e3);
+        let (mut whole, mut consumer, mut relay, mut downstream) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (id, sent) in &published {
+            let Some((arrival, relayed)) = arrived.get(id) else {
+                continue;
+            };
+            whole.push(arrival.saturating_duration_since(*sent));
+            if let (Some(done), Some(relayed)) = (settled.get(id), relayed) {
+                consumer.push(done.saturating_duration_since(*sent));
+                relay.push(span(*relayed as f64 - at_ms(*done)));
+                downstream.push(span(at_ms(*arrival) - *relayed as f64));
+            }
+        }
+        let leg =
+            |samples: &mut Vec<Duration>| (percentile(samples, 50.0), percentile(samples, 99.0));
+        Ok((
+            Latency {
+                rate,
+                samples: whole.len(),
+                p50: percentile(&mut whole, 50.0),
+                p99: percentile(&mut whole, 99.0),
+            },
+            Legs {
+                consumer: leg(&mut consumer),
+                relay: leg(&mut relay),
+                downstream: leg(&mut downstream),
+            },
+        ))
     }
 
     /// Outbox rows still waiting for the relay.
