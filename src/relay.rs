@@ -314,9 +314,17 @@ impl<S: OutboxStore> Relay<S> {
     /// Updates the backlog gauges.
     async fn report_backlog(&self) {
         let labels = [("consumer", self.config.name.clone())];
-        match self.store.outbox_counts().await {
-            Ok(status) => {
-                metrics::gauge!("outbox_pending_messages", &labels).set(status.pending as f64);
+        // Through the index of pending rows: a count of the whole table, every
+        // published row kept for the retention included, held the relay (and
+        // every row committed meanwhile) for a tenth of a second at 300 000.
+        match self.store.outbox_backlog().await {
+            Ok((pending, oldest_pending)) => {
+                let status = crate::store::OutboxCounts {
+                    pending,
+                    oldest_pending,
+                    ..Default::default()
+                };
+                metrics::gauge!("outbox_pending_messages", &labels).set(pending as f64);
                 metrics::gauge!("outbox_oldest_unpublished_age_seconds", &labels)
                     .set(status.oldest_pending_age_seconds(Utc::now()));
             }

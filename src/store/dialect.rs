@@ -105,6 +105,10 @@ pub struct Statements {
     /// (): pending count, oldest pending creation time, published count, failed
     /// count.
     pub outbox_counts: &'static str,
+    /// (): pending count and oldest pending creation time, read through the
+    /// index of pending rows alone: what the relay's gauges read, however many
+    /// published rows the table keeps.
+    pub outbox_backlog: &'static str,
     /// (limit): id, message id, exchange, routing key, last error, attempts of
     /// failed rows, oldest first.
     pub failed_outbox_rows: &'static str,
@@ -336,6 +340,7 @@ impl Statements {
             ("mark_failed", self.mark_failed, 2),
             ("mark_retry", self.mark_retry, 2),
             ("outbox_counts", self.outbox_counts, 0),
+            ("outbox_backlog", self.outbox_backlog, 0),
             ("failed_outbox_rows", self.failed_outbox_rows, 1),
             ("retry_all_failed", self.retry_all_failed, 0),
             ("retry_failed_id", self.retry_failed_id, 1),

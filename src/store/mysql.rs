@@ -154,6 +154,8 @@ impl SqlDialect for MySql {
                 COUNT(published_at),
                 COUNT(failed_at)
              FROM warren_outbox",
+        outbox_backlog: "SELECT count(*), min(created_at) FROM warren_outbox
+             WHERE published_at IS NULL AND failed_at IS NULL",
         failed_outbox_rows: "SELECT id, CAST(message_id AS CHAR) AS message_id, exchange, routing_key,
                 last_error, attempts
              FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT ?",

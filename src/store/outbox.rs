@@ -35,6 +35,14 @@ store_trait! {
         /// counting query: what the relay's gauges read every few seconds.
         fn outbox_counts(&self) -> impl Future<Output = Result<OutboxCounts, StoreError>> + Send + '_;
 
+        /// The rows waiting to be published and the oldest of them, read
+        /// through the index of pending rows, so that it costs the same
+        /// whatever the table keeps of published rows: what the relay's gauges
+        /// read.
+        fn outbox_backlog(
+            &self,
+        ) -> impl Future<Output = Result<(i64, Option<DateTime<Utc>>), StoreError>> + Send + '_;
+
         /// Up to `limit` failed rows, oldest first.
         fn failed_outbox_rows(
             &self,

@@ -164,6 +164,8 @@ impl SqlDialect for Sqlite {
                 coalesce(sum(published_at IS NOT NULL), 0),
                 coalesce(sum(failed_at IS NOT NULL), 0)
              FROM warren_outbox",
+        outbox_backlog: "SELECT count(*), min(created_at) FROM warren_outbox
+             WHERE published_at IS NULL AND failed_at IS NULL",
         failed_outbox_rows: "SELECT id, message_id, exchange, routing_key, last_error, attempts
              FROM warren_outbox WHERE failed_at IS NOT NULL ORDER BY id LIMIT ?1",
         retry_all_failed: "UPDATE warren_outbox SET failed_at = NULL WHERE failed_at IS NOT NULL",

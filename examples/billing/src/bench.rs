@@ -29,6 +29,7 @@
 mod counts;
 mod dbs;
 mod probe;
+mod profile;
 mod scale;
 mod wire;
 mod workloads;
@@ -70,6 +71,8 @@ pub struct BenchSpec {
     pub rows: Vec<u8>,
     /// Count row 3's statements and ack frames on the wire (PostgreSQL).
     pub counts: bool,
+    /// Where to write flamegraphs of rows 3, 3b and 4 (feature `profile`).
+    pub profile: Option<std::path::PathBuf>,
 }
 
 impl BenchSpec {
@@ -169,8 +172,10 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         let result = match opened {
             Ok(crate::db::Database::Postgres(store)) => {
                 let mut r = on_database::<Postgres>(&env, spec, store.clone(), settled).await;
-                if spec.counts && r.is_ok() {
-                    r = counted(&env, url, &schema, spec.messages.min(4000)).await;
+                if spec.counts && let Ok(passed) = r {
+                    r = counted(&env, url, &schema, spec.messages.min(4000))
+                        .await
+                        .map(|counts_passed| passed && counts_passed);
                 }
                 store.pool().close().await;
                 r
@@ -336,11 +341,17 @@ async fn on_database<B: BenchDb>(
     let mut batch_insert = None;
     let mut logging = None;
     if spec.runs(3) {
+        let db = B::LABEL.to_lowercase();
+        let profile = spec.profile.as_deref();
         println!("{}: row 3, warren with a one-insert handler", B::LABEL);
-        one_insert = Some(row3::<B>(env, &store, &queue("warren"), &messages).await?);
+        let q = queue("warren");
+        let run = row3::<B>(env, &store, &q, &messages);
+        one_insert = Some(profile::profiled(profile, &format!("row3-{db}"), run).await??);
         println!("{}: row 3b, warren with a batch handler", B::LABEL);
-        batch_insert =
-            Some(row3_batch::<B>(env, &store, &queue("warren-batch"), &invoices(n)).await?);
+        let fresh = invoices(n);
+        let q = queue("warren-batch");
+        let run = row3_batch::<B>(env, &store, &q, &fresh);
+        batch_insert = Some(profile::profiled(profile, &format!("row3b-{db}"), run).await??);
         println!("{}: row 3i, row 3 with a log line per message", B::LABEL);
         probe::log_lines(true);
         let logged = row3::<B>(env, &store, &queue("warren-logged"), &invoices(n)).await;
@@ -366,7 +377,9 @@ async fn on_database<B: BenchDb>(
             "{}: row 4, billing, then its latency at half load and end to end",
             B::LABEL
         );
-        billing = Some(row4::<B>(env, &store, &prefix, &messages, settled, spec).await?);
+        let run = row4::<B>(env, &store, &prefix, &messages, settled, spec);
+        let name = format!("row4-{}", B::LABEL.to_lowercase());
+        billing = Some(profile::profiled(spec.profile.as_deref(), &name, run).await??);
     }
 
     // Row 6: the two ways of isolating a message in a batch, when nothing
@@ -674,15 +687,68 @@ fn print_budgets<B: BenchDb>(
     }
 }
 
-/// The counting pass on PostgreSQL (see `counts`); `Ok(false)` if a gate on
-/// the counts failed.
+/// The counting passes on PostgreSQL (see `counts`): rows 3, 3b and 4 with
+/// their connections through counting proxies. `Ok(false)` if a gate on the
+/// counts failed.
 async fn counted(env: &Env, url: &str, schema: &str, n: usize) -> Result<bool, String> {
-    println!("PostgreSQL: row 3 again, {n} messages, counted on the wire");
-    let Some(counts) = counts::row3(env, url, schema, n).await? else {
-        return Ok(true);
+    let mut passed = true;
+    let mut gate = |ok: bool, what: String| {
+        println!("check {}: {what}", if ok { "passed" } else { "FAILED" });
+        passed &= ok;
     };
-    counts.print();
-    Ok(true)
+    for (row, name) in [
+        (counts::Counted::OneInsert, "row 3 (a handler of one message)"),
+        (counts::Counted::BatchInsert, "row 3b (a batch handler)"),
+        (counts::Counted::Billing, "row 4 (billing, its relay beside it)"),
+    ] {
+        println!("PostgreSQL: {name} again, {n} messages, counted on the wire");
+        let Some(c) = counts::run(env, url, schema, n, row).await? else {
+            return Ok(true);
+        };
+        c.print();
+        match row {
+            counts::Counted::OneInsert | counts::Counted::BatchInsert => {
+                let trips = c.overhead_per_transaction();
+                // A transaction under way when the count starts is counted in
+                // part: a few hundredths over.
+                gate(
+                    trips <= counts::PG_ROUND_TRIPS_PER_TRANSACTION + 0.05,
+                    format!(
+                        "{name}: {trips:.2} round trips a transaction beside the handlers'                          (the README's count: {})",
+                        counts::PG_ROUND_TRIPS_PER_TRANSACTION
+                    ),
+                );
+                let acks = c.acks_per_delivery();
+                let most = counts::ACKS_PER_DELIVERY_BEFORE / 4.0;
+                gate(
+                    acks <= most,
+                    format!(
+                        "{name}: {acks:.3} ack frames per delivery (at most {most:.3}, a quarter                          of the {} before acks were held)",
+                        counts::ACKS_PER_DELIVERY_BEFORE
+                    ),
+                );
+            }
+            counts::Counted::Billing => {
+                let notify = c.pg.statements_starting("SELECT pg_notify");
+                gate(
+                    notify == 0,
+                    format!("{name}: {notify} notifications (the relay is woken in process)"),
+                );
+                let unclaims = c.pg.statements_starting("DELETE FROM warren_inbox");
+                gate(
+                    unclaims == 0,
+                    format!("{name}: {unclaims} claims taken back (no batch time limit)"),
+                );
+                let passes = c.pg.statements_starting("SET LOCAL synchronous_commit");
+                let marks = c.pg.statements_starting("UPDATE warren_outbox SET published_at");
+                println!(
+                    "   the relay: {passes} passes, {marks} of them published rows ({} empty)",
+                    passes.saturating_sub(marks)
+                );
+            }
+        }
+    }
+    Ok(passed)
 }
 
 fn ms(d: Duration) -> f64 {

@@ -271,11 +271,16 @@ enum Command {
         /// baseline, always runs): any of 2, 3 (with 3b), 4, 5, 6, 7.
         #[arg(long, value_delimiter = ',', default_value = "2,3,4,5,6,7")]
         rows: Vec<u8>,
-        /// After the rows on PostgreSQL, run row 3 again with its broker and
-        /// database connections through counting proxies, and print the
-        /// statements, round trips and ack frames it took.
+        /// After the rows on PostgreSQL, run rows 3, 3b and 4 again with
+        /// their broker and database connections through counting proxies,
+        /// print the statements, round trips and ack frames they took, and
+        /// fail if they exceed what the README says.
         #[arg(long)]
         counts: bool,
+        /// Write flamegraphs of this process during rows 3, 3b and 4 into
+        /// this folder (a build with `--features profile`).
+        #[arg(long)]
+        profile: Option<std::path::PathBuf>,
     },
 }
 
@@ -622,6 +627,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             sweep,
             rows,
             counts,
+            profile,
         } => {
             if let Some(bad) = rows.iter().find(|r| !(1..=7).contains(*r)) {
                 return Err(format!("--rows: {bad} is not a row; the rows are 1 to 7"));
@@ -640,6 +646,10 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 return Err(
                     "--inbox-rows and --sweep build on rows 3 and 4: add both to --rows".into(),
                 );
+            }
+            if let Some(dir) = profile {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("--profile {}: {e}", dir.display()))?;
             }
             if *messages < 100 {
                 return Err(format!("--messages must be at least 100, got {messages}"));
@@ -663,6 +673,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 sweep: *sweep,
                 rows: rows.clone(),
                 counts: *counts,
+                profile: profile.clone(),
             };
             bench::run(cli, &spec, &SETTLED).await
         }

@@ -166,6 +166,13 @@ shared_impl! {
             })
         }
 
+        async fn outbox_backlog(&self) -> Result<(i64, Option<DateTime<Utc>>), StoreError> {
+            let (pending, oldest): (i64, Option<D::Time>) = sqlx::query_as(D::SQL.outbox_backlog)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok((pending, oldest.and_then(D::parse_time)))
+        }
+
         async fn failed_outbox_rows(&self, limit: u32) -> Result<Vec<FailedRow>, StoreError> {
             let failed: Vec<crate::outbox_row::RawFailedRow> =
                 sqlx::query_as(D::SQL.failed_outbox_rows)

@@ -80,6 +80,8 @@ async fn outbox_rows_go_out_in_order_and_their_outcomes_are_counted() {
     let counts = store.outbox_counts().await.unwrap();
     assert_eq!((counts.pending, counts.published, counts.failed), (1, 1, 1));
     assert!(counts.oldest_pending.is_some());
+    let (pending, oldest) = store.outbox_backlog().await.unwrap();
+    assert_eq!((pending, oldest), (counts.pending, counts.oldest_pending));
     let failed = store.failed_outbox_rows(10).await.unwrap();
     assert_eq!(failed[0].last_error, "no route");
     assert_eq!(store.retry_failed(&[failed[0].id]).await.unwrap(), 1);

@@ -98,13 +98,21 @@ pub(super) async fn sweep<B: BenchDb>(
     let goals = goals::<B>();
     println!(
         "\n   sweep of row 4 on {} ({} messages each; ratio of row 1; p99 from publish to the \
-         downstream event at {SWEEP_RATE}/s; CPU µs per message here / RabbitMQ / database):",
+         downstream event at {SWEEP_RATE}/s, and of its legs (to settled / to the relay's \
+         publish / to downstream); CPU µs per message here / RabbitMQ / database):",
         B::LABEL,
         spec.messages
     );
     println!(
-        "   {:>8} {:>11} {:>10} {:>9} {:>7} {:>9} {:>24}",
-        "prefetch", "concurrency", "batch", "msg/s", "ratio", "p99 ms", "CPU µs/msg"
+        "   {:>8} {:>11} {:>10} {:>9} {:>7} {:>9} {:>24} {:>20}",
+        "prefetch",
+        "concurrency",
+        "batch",
+        "msg/s",
+        "ratio",
+        "p99 ms",
+        "CPU µs/msg",
+        "p99 legs ms"
     );
     let mut best: Option<(f64, u16, usize, usize)> = None;
     for prefetch in [32u16, 128, 256] {
@@ -139,19 +147,25 @@ pub(super) async fn sweep<B: BenchDb>(
                     false,
                 )
                 .await?;
-                let p99 = latencies
-                    .end_to_end
-                    .last()
-                    .map_or(Duration::MAX, |(l, _)| l.p99);
+                let Some((latency, legs)) = latencies.end_to_end.last() else {
+                    continue;
+                };
+                let p99 = latency.p99;
                 println!(
-                    "   {prefetch:>8} {concurrency:>11} {batch:>10} {:>9.0} {:>7.3} {:>9.1} {:>24}",
+                    "   {prefetch:>8} {concurrency:>11} {batch:>10} {:>9.0} {:>7.3} {:>9.1} {:>24} {:>20}",
                     row.rate,
                     row.rate / bare,
                     ms(p99),
                     format!(
                         "{:.1} / {:.1} / {:.1}",
                         row.cpu.this, row.cpu.broker, row.cpu.database
-                    )
+                    ),
+                    format!(
+                        "{:.1} / {:.1} / {:.1}",
+                        ms(legs.consumer.1),
+                        ms(legs.relay.1),
+                        ms(legs.downstream.1)
+                    ),
                 );
                 if p99 < goals.sweep_p99() && best.is_none_or(|(r, ..)| row.rate > r) {
                     best = Some((row.rate, prefetch, concurrency, batch));

@@ -340,6 +340,17 @@ pub async fn warren_batch_insert<B: BenchDb>(
     queue: &str,
     n: usize,
 ) -> Result<(Duration, warren::telemetry::ConsumerStats), String> {
+    warren_batch_insert_with::<B>(env, store, queue, n, &|| {}).await
+}
+
+/// Row 3b, `on_consuming` run once the consumer has subscribed.
+pub async fn warren_batch_insert_with<B: BenchDb>(
+    env: &Env,
+    store: B::S,
+    queue: &str,
+    n: usize,
+    on_consuming: &(dyn Fn() + Sync),
+) -> Result<(Duration, warren::telemetry::ConsumerStats), String> {
     let routes: Registry<B> = Registry::new().route_batch(PAID_V1, 1, one_insert_batch::<B>);
     let config = consumer_config(env, queue)?;
     let consumer = Consumer::new(config, store, routes);
@@ -353,7 +364,7 @@ pub async fn warren_batch_insert<B: BenchDb>(
             })
             .await
     });
-    let elapsed = drained(&stats, n, &|| {}).await;
+    let elapsed = drained(&stats, n, on_consuming).await;
     let _ = stop.send(());
     task.await
         .map_err(|e| e.to_string())?
@@ -433,6 +444,13 @@ pub async fn start_billing<B: BenchDb>(
 }
 
 impl Billing {
+    /// Waits until billing's invoice consumer has subscribed.
+    pub async fn wait_consuming(&self) {
+        while !self.running.stats.health().consuming {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Row 4: how long the filled queue takes to drain.
     pub async fn drain(&self, n: usize) -> Duration {
         drained(&self.running.stats, n, &|| {}).await
@@ -616,7 +634,7 @@ impl Billing {
 
     /// Outbox rows still waiting for the relay.
     pub async fn outbox_pending<S: OutboxStore>(store: &S) -> i64 {
-        store.outbox_counts().await.map(|c| c.pending).unwrap_or(-1)
+        store.outbox_backlog().await.map(|(pending, _)| pending).unwrap_or(-1)
     }
 
     /// Stops billing and removes its queues.
