@@ -2,7 +2,7 @@
 //! to handler. Nothing is ever looked up by a name taken from a message beyond this
 //! table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -29,7 +29,9 @@ use crate::handler::{BatchHandler, ErasedHandler, Handler, Typed, TypedBatch};
 /// assert_eq!(routes.len(), 2);
 /// ```
 pub struct Registry<DB: Database, S = ()> {
-    routes: HashMap<(String, u32), Arc<dyn ErasedHandler<DB>>>,
+    /// By event type, then schema version: a delivery's route is found by
+    /// the `&str` it carries, with no key to build.
+    routes: HashMap<String, BTreeMap<u32, Arc<dyn ErasedHandler<DB>>>>,
     state: S,
 }
 
@@ -122,18 +124,18 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
         schema_version: u32,
         route: Arc<dyn ErasedHandler<DB>>,
     ) -> Self {
-        let key = (event_type.to_owned(), schema_version);
+        let versions = self.routes.entry(event_type.to_owned()).or_default();
         assert!(
-            !self.routes.contains_key(&key),
+            !versions.contains_key(&schema_version),
             "{event_type} v{schema_version} is already routed to a handler"
         );
-        self.routes.insert(key, route);
+        versions.insert(schema_version, route);
         self
     }
 
     /// Number of routes.
     pub fn len(&self) -> usize {
-        self.routes.len()
+        self.routes.values().map(BTreeMap::len).sum()
     }
 
     /// True if nothing is routed.
@@ -143,9 +145,7 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
 
     /// The routed `(event type, schema version)` pairs, sorted.
     pub fn routes(&self) -> Vec<(&str, u32)> {
-        let mut keys: Vec<_> = self.routes.keys().map(|(t, v)| (t.as_str(), *v)).collect();
-        keys.sort_unstable();
-        keys
+        self.keys()
     }
 
     pub(crate) fn lookup(
@@ -153,15 +153,13 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
         event_type: &str,
         schema_version: u32,
     ) -> Result<&Arc<dyn ErasedHandler<DB>>, (DeadLetterReason, String)> {
-        if let Some(handler) = self.routes.get(&(event_type.to_owned(), schema_version)) {
+        let versions = self.routes.get(event_type);
+        if let Some(handler) = versions.and_then(|v| v.get(&schema_version)) {
             return Ok(handler);
         }
-        let known: Vec<u32> = self
-            .routes
-            .keys()
-            .filter(|(t, _)| t == event_type)
-            .map(|(_, v)| *v)
-            .collect();
+        let known: Vec<u32> = versions
+            .map(|v| v.keys().copied().collect())
+            .unwrap_or_default();
         if known.is_empty() {
             Err((
                 DeadLetterReason::UnknownEventType,
@@ -178,6 +176,19 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
     }
 }
 
+impl<DB: Database, S> Registry<DB, S> {
+    /// The routed `(event type, schema version)` pairs, sorted.
+    fn keys(&self) -> Vec<(&str, u32)> {
+        let mut keys: Vec<_> = self
+            .routes
+            .iter()
+            .flat_map(|(t, versions)| versions.keys().map(move |v| (t.as_str(), *v)))
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+}
+
 impl<DB: Database> Default for Registry<DB> {
     fn default() -> Self {
         Self::new()
@@ -187,11 +198,7 @@ impl<DB: Database> Default for Registry<DB> {
 impl<DB: Database, S> fmt::Debug for Registry<DB, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry")
-            .field("routes", &{
-                let mut keys: Vec<_> = self.routes.keys().collect();
-                keys.sort_unstable();
-                keys
-            })
+            .field("routes", &self.keys())
             .finish()
     }
 }

@@ -391,7 +391,12 @@ shared_impl! {
             consumer: &'a str,
             message_id: &'a str,
         ) -> Result<bool, StoreError> {
+            // Planned at each call, for the inbox as it is now: a plan cached
+            // on the connection while the inbox was small would scan it whole
+            // for every suspect of a crash, on a server whose statistics are
+            // not kept up (autovacuum off).
             let found: Option<i64> = sqlx::query_scalar(D::SQL.claimed)
+                .persistent(false)
                 .bind(consumer)
                 .bind(message_id)
                 .fetch_optional(&self.pool)

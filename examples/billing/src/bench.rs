@@ -172,7 +172,9 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         let result = match opened {
             Ok(crate::db::Database::Postgres(store)) => {
                 let mut r = on_database::<Postgres>(&env, spec, store.clone(), settled).await;
-                if spec.counts && let Ok(passed) = r {
+                if spec.counts
+                    && let Ok(passed) = r
+                {
                     r = counted(&env, url, &schema, spec.messages.min(4000))
                         .await
                         .map(|counts_passed| passed && counts_passed);
@@ -340,6 +342,7 @@ async fn on_database<B: BenchDb>(
     let mut one_insert = None;
     let mut batch_insert = None;
     let mut logging = None;
+    let mut slow = None;
     if spec.runs(3) {
         let db = B::LABEL.to_lowercase();
         let profile = spec.profile.as_deref();
@@ -352,6 +355,27 @@ async fn on_database<B: BenchDb>(
         let q = queue("warren-batch");
         let run = row3_batch::<B>(env, &store, &q, &fresh);
         batch_insert = Some(profile::profiled(profile, &format!("row3b-{db}"), run).await??);
+        println!(
+            "{}: row 3s, row 3 with its first delivery held open until the rest were handled",
+            B::LABEL,
+        );
+        let slowed = invoices(n);
+        let first = slowed[0]
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let set_slow = |held: Option<(String, usize)>| {
+            *dbs::SLOW
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = held;
+        };
+        dbs::CALLS.store(0, std::sync::atomic::Ordering::Relaxed);
+        set_slow(Some((first, n - 1)));
+        let slowed = row3::<B>(env, &store, &queue("warren-slow"), &slowed).await;
+        set_slow(None);
+        slow = Some(slowed?);
         println!("{}: row 3i, row 3 with a log line per message", B::LABEL);
         probe::log_lines(true);
         let logged = row3::<B>(env, &store, &queue("warren-logged"), &invoices(n)).await;
@@ -455,6 +479,16 @@ async fn on_database<B: BenchDb>(
         if let Some((seed, _)) = seed {
             rows.push(Row::new(name, d.rate, (d.rate / seed, "row 2")).goal(goals.over_seed));
         }
+    }
+    if let (Some(d), Some(slowed)) = (one_insert, slow) {
+        rows.push(
+            Row::new(
+                "3s row 3, its first delivery open all along",
+                slowed.rate,
+                (slowed.rate / d.rate, "row 3"),
+            )
+            .cpu(slowed.cpu),
+        );
     }
     if let (Some(d), Some(logged)) = (one_insert, logging) {
         rows.push(
@@ -697,9 +731,15 @@ async fn counted(env: &Env, url: &str, schema: &str, n: usize) -> Result<bool, S
         passed &= ok;
     };
     for (row, name) in [
-        (counts::Counted::OneInsert, "row 3 (a handler of one message)"),
+        (
+            counts::Counted::OneInsert,
+            "row 3 (a handler of one message)",
+        ),
         (counts::Counted::BatchInsert, "row 3b (a batch handler)"),
-        (counts::Counted::Billing, "row 4 (billing, its relay beside it)"),
+        (
+            counts::Counted::Billing,
+            "row 4 (billing, its relay beside it)",
+        ),
     ] {
         println!("PostgreSQL: {name} again, {n} messages, counted on the wire");
         let Some(c) = counts::run(env, url, schema, n, row).await? else {
@@ -740,7 +780,8 @@ async fn counted(env: &Env, url: &str, schema: &str, n: usize) -> Result<bool, S
                     format!("{name}: {unclaims} claims taken back (no batch time limit)"),
                 );
                 let passes = c.pg.statements_starting("SET LOCAL synchronous_commit");
-                let marks = c.pg.statements_starting("UPDATE warren_outbox SET published_at");
+                let marks =
+                    c.pg.statements_starting("UPDATE warren_outbox SET published_at");
                 println!(
                     "   the relay: {passes} passes, {marks} of them published rows ({} empty)",
                     passes.saturating_sub(marks)

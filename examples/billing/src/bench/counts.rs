@@ -45,7 +45,10 @@ impl RowCounts {
     /// Round trips per transaction beside the handlers' statements (each of
     /// which is a round trip of its own) and the pool's pings.
     pub fn overhead_per_transaction(&self) -> f64 {
-        (self.pg.round_trips.saturating_sub(self.handler + self.pg.pings)) as f64
+        (self
+            .pg
+            .round_trips
+            .saturating_sub(self.handler + self.pg.pings)) as f64
             / (self.commits + self.rollbacks).max(1) as f64
     }
 
@@ -213,8 +216,14 @@ async fn consume(
     let topology = workloads::filled_queue(env, &queue, &messages).await?;
     let ran = match row {
         Counted::BatchInsert => {
-            workloads::warren_batch_insert_with::<Postgres>(counting, store.clone(), &queue, n, reset)
-                .await
+            workloads::warren_batch_insert_with::<Postgres>(
+                counting,
+                store.clone(),
+                &queue,
+                n,
+                reset,
+            )
+            .await
         }
         _ => {
             workloads::warren_one_insert::<Postgres>(
@@ -247,7 +256,13 @@ async fn billing(
         workloads::start_billing::<Postgres>(counting, store.clone(), &prefix, &[]).await?;
     billing.wait_consuming().await;
     reset();
-    workloads::publish(env, &billing.names.exchange(), None, &workloads::invoices(n)).await?;
+    workloads::publish(
+        env,
+        &billing.names.exchange(),
+        None,
+        &workloads::invoices(n),
+    )
+    .await?;
     billing.drain(n).await;
     let start = std::time::Instant::now();
     while workloads::Billing::outbox_pending(store).await > 0 {

@@ -60,14 +60,40 @@ pub trait BenchDb: BillingDb {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 }
 
-/// Row 3's handler: the message's id in one row.
+/// Row 3's handler: the message's id in one row. For row 3s, the message
+/// [`SLOW`] names first waits until every other message of the run reached
+/// the handler, holding its delivery (the lowest tag) open while the rest
+/// flow past it.
 pub async fn one_insert<B: BenchDb>(
     msg: Message<serde_json::Value>,
     tx: &mut Tx<B>,
 ) -> Result<(), HandlerError> {
+    let held = SLOW
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .filter(|(id, _)| *id == msg.meta.message_id)
+        .map(|(_, others)| *others);
+    if let Some(others) = held {
+        let start = std::time::Instant::now();
+        while CALLS.load(std::sync::atomic::Ordering::Relaxed) < others
+            && start.elapsed() < std::time::Duration::from_secs(60)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    } else {
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     B::insert_effect(tx, &msg.meta.message_id).await?;
     Ok(())
 }
+
+/// Row 3s: the message held open, and how many others must reach the
+/// handler before it goes on.
+pub static SLOW: std::sync::RwLock<Option<(String, usize)>> = std::sync::RwLock::new(None);
+
+/// Calls of [`one_insert`] for messages other than the held one.
+pub static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Row 3b's handler: every message of the batch in one insert.
 pub async fn one_insert_batch<B: BenchDb>(

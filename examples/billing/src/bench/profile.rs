@@ -30,9 +30,11 @@ impl Profile {
         #[cfg(not(feature = "profile"))]
         {
             let _ = path;
-            Err("--profile: this billing was built without the `profile` feature; build it \
+            Err(
+                "--profile: this billing was built without the `profile` feature; build it \
                  with `cargo build --release -p billing --features profile`"
-                .into())
+                    .into(),
+            )
         }
     }
 

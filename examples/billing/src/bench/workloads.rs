@@ -634,7 +634,11 @@ impl Billing {
 
     /// Outbox rows still waiting for the relay.
     pub async fn outbox_pending<S: OutboxStore>(store: &S) -> i64 {
-        store.outbox_backlog().await.map(|(pending, _)| pending).unwrap_or(-1)
+        store
+            .outbox_backlog()
+            .await
+            .map(|(pending, _)| pending)
+            .unwrap_or(-1)
     }
 
     /// Stops billing and removes its queues.
@@ -650,6 +654,13 @@ impl Billing {
         {
             let _ = warren::broker::delete(&env.connection, &topology).await;
         }
+        // The dead-letter ingester's side queue is its own, not the topology's.
+        let mut side = Topology::default();
+        side.queues.push(warren::topology::QueueSpec::new(
+            warren::admin::unstored_queue_name(&self.names.queue()),
+            env.settings.queue_type,
+        ));
+        let _ = warren::broker::delete(&env.connection, &side).await;
     }
 }
 
