@@ -219,7 +219,7 @@ macro_rules! shared_impl {
     (impl $trait_:ident { $($body:tt)* }) => {
         impl<D> $trait_ for SqlStore<D>
         where
-            D: Dialect,
+            D: Dialect + sqlx::database::HasStatementCache,
             for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
             D::Arguments: IntoArguments<D>,
             i64: for<'q> Encode<'q, D> + Type<D> + for<'r> Decode<'r, D>,
