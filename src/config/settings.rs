@@ -105,7 +105,8 @@ pub struct ConsumerConfig {
 
 impl ConsumerConfig {
     /// A consumer named `name` on `queue`, with the defaults: quorum queues,
-    /// prefetch 32, concurrency 8, 1 MiB bodies, 30 s shutdown deadline.
+    /// prefetch 256, concurrency 8, batches of up to 32, 1 MiB bodies, 30 s
+    /// shutdown deadline.
     pub fn builder(name: impl Into<String>, queue: impl Into<String>) -> ConsumerConfigBuilder {
         ConsumerConfigBuilder {
             config: Self {

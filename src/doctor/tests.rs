@@ -29,9 +29,11 @@ fn recorded(version: &str) -> ApiFacts {
     api
 }
 
-/// The consumer the recordings were made for.
+/// The consumer the recordings were made for (at the prefetch of the time,
+/// which its queues' delivery limit follows).
 fn consumer() -> ConsumerConfig {
     ConsumerConfig::builder("rec", "rec.orders")
+        .with_prefetch(32)
         .with_retry(RetryPolicy::new([
             Duration::from_secs(5),
             Duration::from_secs(30),

@@ -520,7 +520,7 @@ mod tests {
     #[test]
     fn defaults_resolve() {
         let c = Config::resolve(Raw::default()).unwrap();
-        assert_eq!(c.prefetch, 32);
+        assert_eq!(c.prefetch, 256);
         assert_eq!(c.http.to_string(), DEFAULT_HTTP);
         assert!(c.database_url.is_none());
     }
@@ -568,6 +568,7 @@ mod tests {
             ),
             (
                 Raw {
+                    prefetch: Some(32),
                     concurrency: Some(64),
                     ..Raw::default()
                 },
