@@ -8,42 +8,56 @@
 //! comes back is recognized by the inbox) and has three costs, each bounded:
 //!
 //! - **The prefetch window.** A held delivery counts against the prefetch like
-//!   an open one, so the ledger releases what it can as soon as half the
-//!   window's worth is held ([`AckPolicy::limit`]).
-//! - **A low tag that stays open** (a suspect's solo run, a lane, a copy
-//!   waiting for its confirm) blocks `multiple` for everything above it; what
-//!   waits above it is acked one by one once it has been held for
-//!   [`AckPolicy::max_hold`], so nothing waits for a slow neighbour longer.
+//!   an open one. What can go in one frame goes once 64 are held (or half the
+//!   window, if less), or after 5 ms ([`AckPolicy`]).
+//! - **A low tag that stays open** (a batch still running, a suspect's solo
+//!   run, a lane, a copy waiting for its confirm) blocks `multiple` for
+//!   everything above it. Batches commit out of order all the time, by a few
+//!   milliseconds, so what waits above a delivery waits for it, up to
+//!   100 ms; only when that delivery has been open so long that it is stuck
+//!   (50 ms) and half the window is held do the acks above it go one by one,
+//!   so that the window keeps moving.
 //! - **A lost channel throws held acks away**: its committed deliveries come
-//!   back redelivered and settle as duplicates. `max_hold` bounds how much.
+//!   back redelivered and settle as duplicates without a solo run. The bounds
+//!   above are how many.
 //!
 //! Tags belong to one channel: a ledger lives and dies with its channel, and a
 //! session closing flushes it first. Every frame of a channel (ack, nack) is
 //! sent by one writer in the order planned, so a nack leaves before any
 //! `multiple` that would cover its tag, and no tag is settled twice.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// When held acks are released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AckPolicy {
-    /// Held acks below every open delivery go out once this many are held.
+    /// Held acks below every open delivery go out in one frame once this
+    /// many are held.
     pub(crate) limit: usize,
-    /// Nothing is held longer than this.
+    /// Held acks above a stuck delivery go out one by one once this many are
+    /// held: half the prefetch window, which held acks count against.
+    pub(crate) limit_above: usize,
+    /// Held acks below every open delivery go out once the oldest has
+    /// waited this long.
     pub(crate) max_hold: Duration,
+    /// Held acks above an open delivery go out one by one once the oldest
+    /// has waited this long.
+    pub(crate) max_hold_above: Duration,
+    /// An open delivery is stuck once it has been open this long: longer
+    /// than a batch runs.
+    pub(crate) stuck_after: Duration,
 }
 
-/// The longest an ack is held.
-pub(crate) const MAX_ACK_HOLD: Duration = Duration::from_millis(5);
-
 impl AckPolicy {
-    /// For a channel with `prefetch`: release at half the window, and at most
-    /// 64 (the bare drain's rhythm), after [`MAX_ACK_HOLD`] at the latest.
+    /// For a channel with `prefetch`.
     pub(crate) fn for_prefetch(prefetch: u16) -> Self {
         Self {
             limit: (usize::from(prefetch) / 2).clamp(1, 64),
-            max_hold: MAX_ACK_HOLD,
+            limit_above: (usize::from(prefetch) / 2).max(1),
+            max_hold: Duration::from_millis(5),
+            max_hold_above: Duration::from_millis(100),
+            stuck_after: Duration::from_millis(50),
         }
     }
 }
@@ -52,22 +66,24 @@ impl AckPolicy {
 /// them. Pure: the clock is passed in.
 #[derive(Debug, Default)]
 pub(crate) struct AckLedger {
-    /// Delivered, outcome not yet decided or not yet sent.
-    open: BTreeSet<u64>,
+    /// Delivered, outcome not yet decided or not yet sent, with when each
+    /// was taken in.
+    open: BTreeMap<u64, Instant>,
     /// Committed, their ack not yet sent, with when each was held.
     held: BTreeMap<u64, Instant>,
 }
 
 impl AckLedger {
-    /// A delivery with `tag` arrived. Tags grow along a channel.
-    pub(crate) fn delivered(&mut self, tag: u64) {
-        self.open.insert(tag);
+    /// A delivery with `tag` was taken in at `now`. Tags grow along a
+    /// channel.
+    pub(crate) fn delivered(&mut self, tag: u64, now: Instant) {
+        self.open.insert(tag, now);
     }
 
     /// The outcome of `tag` is being sent on its own (a nack of that tag
     /// alone). False if it was not open (settled already, or unknown).
     pub(crate) fn done(&mut self, tag: u64) -> bool {
-        self.open.remove(&tag)
+        self.open.remove(&tag).is_some()
     }
 
     /// `tags` committed: their acks are held until [`plan`](Self::plan)
@@ -75,7 +91,7 @@ impl AckLedger {
     /// ignored, so no tag is acked twice.
     pub(crate) fn hold(&mut self, tags: &[u64], now: Instant) {
         for &tag in tags {
-            if self.open.remove(&tag) {
+            if self.open.remove(&tag).is_some() {
                 self.held.insert(tag, now);
             }
         }
@@ -85,31 +101,45 @@ impl AckLedger {
     /// them. Held tags below every open delivery go in one ack (with
     /// `multiple` when there are several) once `limit` are held, once the
     /// oldest has waited `max_hold`, once nothing else is open, or when
-    /// `force`d (the channel is about to close); held tags above an open one
-    /// go one by one once the oldest held has waited `max_hold`, or when
-    /// `force`d.
+    /// `force`d (the channel is about to close). Held tags above an open one
+    /// go one by one once the oldest of them has waited `max_hold_above`,
+    /// once `limit_above` are held while the lowest open delivery is stuck,
+    /// or when `force`d.
     pub(crate) fn plan(
         &mut self,
         now: Instant,
         policy: AckPolicy,
         force: bool,
     ) -> Vec<(u64, bool)> {
-        let Some(oldest) = self.held.values().min().copied() else {
+        if self.held.is_empty() {
             return Vec::new();
+        }
+        let since = |at: Instant| now.saturating_duration_since(at);
+        let lowest_open = self.open.first_key_value().map(|(&t, &at)| (t, at));
+        let boundary = lowest_open.map_or(u64::MAX, |(t, _)| t);
+        let oldest = |range: std::collections::btree_map::Range<'_, u64, Instant>| {
+            range.map(|(_, &at)| at).min()
         };
-        let aged = force || now.saturating_duration_since(oldest) >= policy.max_hold;
-        let lowest_open = self.open.first().copied().unwrap_or(u64::MAX);
-        let below: Vec<u64> = self.held.range(..lowest_open).map(|(&t, _)| t).collect();
+        let below: Vec<u64> = self.held.range(..boundary).map(|(&t, _)| t).collect();
+        let below_due = force
+            || self.held.len() >= policy.limit
+            || self.open.is_empty()
+            || oldest(self.held.range(..boundary)).is_some_and(|at| since(at) >= policy.max_hold);
         let mut acks = Vec::new();
         if let Some(&top) = below.last()
-            && (aged || self.held.len() >= policy.limit || self.open.is_empty())
+            && below_due
         {
             for tag in &below {
                 self.held.remove(tag);
             }
             acks.push((top, below.len() > 1));
         }
-        if aged {
+        let stuck = lowest_open.is_some_and(|(_, at)| since(at) >= policy.stuck_after);
+        let above_due = force
+            || stuck && self.held.len() >= policy.limit_above
+            || oldest(self.held.range(boundary..))
+                .is_some_and(|at| since(at) >= policy.max_hold_above);
+        if above_due {
             acks.extend(
                 std::mem::take(&mut self.held)
                     .into_keys()
@@ -119,9 +149,23 @@ impl AckLedger {
         acks
     }
 
-    /// When the oldest held ack is due, if any is held.
+    /// When the next held ack is due, if any is held: by its age, or, with
+    /// half the window held, when the lowest open delivery becomes stuck.
     pub(crate) fn due(&self, policy: AckPolicy) -> Option<Instant> {
-        self.held.values().min().map(|&t| t + policy.max_hold)
+        let lowest_open = self.open.first_key_value();
+        let boundary = lowest_open.map_or(u64::MAX, |(&t, _)| t);
+        let below = self
+            .held
+            .range(..boundary)
+            .map(|(_, &t)| t + policy.max_hold);
+        let above = self
+            .held
+            .range(boundary..)
+            .map(|(_, &t)| t + policy.max_hold_above);
+        let stuck = lowest_open
+            .filter(|_| self.held.len() >= policy.limit_above)
+            .map(|(_, &at)| at + policy.stuck_after);
+        below.chain(above).chain(stuck).min()
     }
 
     /// Deliveries open or held.
@@ -137,15 +181,23 @@ mod tests {
 
     const POLICY: AckPolicy = AckPolicy {
         limit: 4,
+        limit_above: 6,
         max_hold: Duration::from_millis(5),
+        max_hold_above: Duration::from_millis(100),
+        stuck_after: Duration::from_millis(50),
     };
 
-    fn ledger(tags: std::ops::RangeInclusive<u64>) -> AckLedger {
+    /// A ledger whose `tags` were all taken in at `t0`.
+    fn ledger_at(tags: std::ops::RangeInclusive<u64>, t0: Instant) -> AckLedger {
         let mut l = AckLedger::default();
         for tag in tags {
-            l.delivered(tag);
+            l.delivered(tag, t0);
         }
         l
+    }
+
+    fn ledger(tags: std::ops::RangeInclusive<u64>) -> AckLedger {
+        ledger_at(tags, Instant::now())
     }
 
     #[test]
@@ -163,25 +215,77 @@ mod tests {
     fn an_ack_never_covers_a_delivery_still_open() {
         let t0 = Instant::now();
         let mut l = ledger(1..=8);
-        // 2..=7 commit while 1 is still open: nothing can go with `multiple`.
-        l.hold(&[2, 3, 4, 5, 6, 7], t0);
-        assert!(l.plan(t0, POLICY, false).is_empty());
-        // 1 commits: 1..=7 lie below 8, the one still open.
+        // 2 and 3 commit while 1 is still open: nothing can go with `multiple`.
+        l.hold(&[2, 3], t0);
+        assert!(l.plan(t0 + POLICY.max_hold, POLICY, false).is_empty());
+        // 1 commits: 1..=3 lie below 4, the lowest still open.
         l.hold(&[1], t0);
-        assert_eq!(l.plan(t0, POLICY, false), [(7, true)]);
+        assert_eq!(l.plan(t0 + POLICY.max_hold, POLICY, false), [(3, true)]);
     }
 
     #[test]
-    fn what_waits_above_a_slow_delivery_goes_one_by_one_after_the_longest_hold() {
+    fn what_waits_above_a_slow_delivery_goes_one_by_one_after_the_longer_hold() {
         let t0 = Instant::now();
         let mut l = ledger(1..=4);
-        l.hold(&[3, 4], t0);
-        let later = t0 + Duration::from_millis(4);
-        assert!(l.plan(later, POLICY, false).is_empty());
-        assert_eq!(l.due(POLICY), Some(t0 + POLICY.max_hold));
-        let due = t0 + POLICY.max_hold;
-        assert_eq!(l.plan(due, POLICY, false), [(3, false), (4, false)]);
+        l.hold(&[3], t0);
+        assert_eq!(l.due(POLICY), Some(t0 + POLICY.max_hold_above));
+        let later = t0 + POLICY.max_hold_above - Duration::from_millis(1);
+        assert!(l.plan(later, POLICY, false).is_empty(), "1 may commit yet");
+        let due = t0 + POLICY.max_hold_above;
+        assert_eq!(l.plan(due, POLICY, false), [(3, false)]);
         assert_eq!(l.due(POLICY), None);
+    }
+
+    #[test]
+    fn half_the_window_held_above_a_stuck_delivery_goes_at_once() {
+        let t0 = Instant::now();
+        let mut l = ledger_at(1..=8, t0);
+        let now = t0 + POLICY.stuck_after;
+        l.hold(&[2, 3, 4, 5, 6], now);
+        assert!(
+            l.plan(now, POLICY, false).is_empty(),
+            "under half the window"
+        );
+        l.hold(&[7], t0);
+        assert_eq!(l.due(POLICY), Some(t0 + POLICY.stuck_after));
+        assert_eq!(
+            l.plan(now, POLICY, false),
+            [
+                (2, false),
+                (3, false),
+                (4, false),
+                (5, false),
+                (6, false),
+                (7, false)
+            ],
+            "held acks count against the window: past half of it, above a stuck \
+             delivery, they go"
+        );
+    }
+
+    #[test]
+    fn above_a_batch_still_running_acks_wait_for_it() {
+        let t0 = Instant::now();
+        let mut l = ledger_at(1..=10, t0);
+        // 1 is a batch that started a moment ago: not stuck.
+        let now = t0 + POLICY.stuck_after - Duration::from_millis(1);
+        l.hold(&[2, 3, 4, 5, 6, 7, 8], now);
+        assert!(l.plan(now, POLICY, false).is_empty(), "1 commits soon");
+        l.hold(&[1], now);
+        assert_eq!(l.plan(now, POLICY, false), [(8, true)], "one frame for all");
+    }
+
+    #[test]
+    fn below_every_open_delivery_an_ack_waits_the_short_hold() {
+        let t0 = Instant::now();
+        let mut l = ledger(1..=4);
+        l.hold(&[1, 2], t0);
+        assert_eq!(l.due(POLICY), Some(t0 + POLICY.max_hold));
+        assert!(
+            l.plan(t0 + Duration::from_millis(4), POLICY, false)
+                .is_empty()
+        );
+        assert_eq!(l.plan(t0 + POLICY.max_hold, POLICY, false), [(2, true)]);
     }
 
     #[test]

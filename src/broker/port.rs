@@ -281,7 +281,9 @@ impl Subscription {
         next: Result<lapin::message::Delivery, lapin::Error>,
     ) -> Result<Delivery, BrokerError> {
         let delivery = next.map(Delivery::from).map_err(BrokerError::from)?;
-        self.acker.ledger().delivered(delivery.tag);
+        self.acker
+            .ledger()
+            .delivered(delivery.tag, std::time::Instant::now());
         Ok(delivery)
     }
 

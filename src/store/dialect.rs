@@ -189,6 +189,19 @@ pub trait SqlDialect: Database {
         None
     }
 
+    /// Claims `entries` (distinct message ids, all of one consumer) on `conn`
+    /// in one statement whose text is the same however many there are, and
+    /// returns the message ids that were new; `None` where the dialect has no
+    /// such statement (it then claims with numbered placeholders, or one at
+    /// a time). A statement whose text changes with the number of rows is
+    /// prepared anew for every size on every connection: a round trip more.
+    fn claim_rows<'c>(
+        _conn: &'c mut Self::Connection,
+        _entries: &'c [super::InboxEntry<'c>],
+    ) -> impl Future<Output = Result<Option<Vec<String>>, sqlx::Error>> + Send + 'c {
+        async { Ok(None) }
+    }
+
     /// How many rows a statement changed (sqlx has no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
 

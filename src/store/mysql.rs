@@ -111,6 +111,7 @@ fn lock_wait_sql(lock_timeout: Option<std::time::Duration>) -> String {
 
 impl SqlDialect for MySql {
     super::sql::shared_hooks!(MySql, MySqlConnection);
+    super::sql::shared_outbox_insert!(MySql, MySqlConnection);
 
     const SQL: Statements = Statements {
         begin: "BEGIN",

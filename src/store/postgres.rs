@@ -100,6 +100,24 @@ impl SqlStore<Postgres> {
 /// listens on, so a relay wakes as soon as rows are committed.
 const NOTIFY_CHANNEL: &str = "warren_outbox";
 
+/// The claims of a batch, in the order of the arrays (message id order), one
+/// statement for any number: (consumer, message ids, event types,
+/// correlation ids, received at).
+const CLAIM_ROWS: &str =
+    "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
+     SELECT $1, t.m, t.e, t.c, t.r
+     FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[]) AS t(m, e, c, r)
+     ON CONFLICT (consumer_name, message_id) DO NOTHING
+     RETURNING message_id";
+
+/// Outbox rows through arrays, one statement for any number, the columns of
+/// `insert_outbox` in its order.
+const INSERT_OUTBOX_ROWS: &str =
+    "INSERT INTO warren_outbox (message_id, exchange, routing_key, properties, body,
+         causation_id, traceparent, tracestate, baggage)
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[],
+                          $6::text[], $7::text[], $8::text[], $9::text[])";
+
 /// Locked rows belong to another relay's batch; skipping them is what lets
 /// several relays share one outbox without publishing a row twice.
 const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properties, body, attempts,
@@ -112,6 +130,70 @@ const TAKE_BATCH: &str = "SELECT id, message_id, exchange, routing_key, properti
 
 impl SqlDialect for Postgres {
     super::sql::shared_hooks!(Postgres, PgConnection);
+
+    /// One row as the shared insert writes it; several through arrays, in
+    /// one statement whose text is the same for any number of rows (prepared
+    /// once per connection, not once per size).
+    async fn insert_outbox<'c>(
+        conn: &'c mut PgConnection,
+        rows: &'c [crate::outbox_row::NewOutboxRow<'c>],
+    ) -> Result<(), StoreError> {
+        if rows.len() < 2 {
+            return super::sql::insert_outbox::<Postgres>(conn, rows).await;
+        }
+        let column = |f: fn(&crate::outbox_row::NewOutboxRow<'c>) -> Option<&'c str>| {
+            rows.iter().map(f).collect::<Vec<Option<&str>>>()
+        };
+        sqlx::query(INSERT_OUTBOX_ROWS)
+            .bind(rows.iter().map(|r| r.message_id).collect::<Vec<&str>>())
+            .bind(rows.iter().map(|r| r.exchange).collect::<Vec<&str>>())
+            .bind(rows.iter().map(|r| r.routing_key).collect::<Vec<&str>>())
+            .bind(
+                rows.iter()
+                    .map(|r| r.properties.as_str())
+                    .collect::<Vec<&str>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.body.as_slice())
+                    .collect::<Vec<&[u8]>>(),
+            )
+            .bind(column(|r| r.causation_id))
+            .bind(column(|r| r.trace.traceparent()))
+            .bind(column(|r| r.trace.tracestate()))
+            .bind(column(|r| r.trace.baggage()))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim_rows<'c>(
+        conn: &'c mut PgConnection,
+        entries: &'c [super::InboxEntry<'c>],
+    ) -> Result<Option<Vec<String>>, sqlx::Error> {
+        let Some(first) = entries.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let new = sqlx::query_scalar(CLAIM_ROWS)
+            .bind(first.consumer_name)
+            .bind(entries.iter().map(|e| e.message_id).collect::<Vec<&str>>())
+            .bind(entries.iter().map(|e| e.event_type).collect::<Vec<&str>>())
+            .bind(
+                entries
+                    .iter()
+                    .map(|e| e.correlation_id)
+                    .collect::<Vec<Option<&str>>>(),
+            )
+            .bind(
+                entries
+                    .iter()
+                    .map(|e| e.received_at)
+                    .collect::<Vec<DateTime<Utc>>>(),
+            )
+            .fetch_all(conn)
+            .await?;
+        Ok(Some(new))
+    }
 
     const SQL: Statements = Statements {
         begin: "BEGIN",
@@ -367,12 +449,18 @@ impl SqlDialect for Postgres {
     /// outbox grows from empty, and a plan cached on the connection while it
     /// was small scans it whole (seen: a mark of four rows taking 93 ms at
     /// 240 000 rows, with no `ANALYZE` since the table was created to
-    /// invalidate it).
+    /// invalidate it). And the batch is taken by walking the index of pending
+    /// rows in order, never through a bitmap: a bitmap reads every entry of
+    /// that index, those of rows published since the last vacuum included,
+    /// and sorts them, on every pass (seen: 3.3 ms a pass with 10 000 such
+    /// entries, against 0.06 ms for the walk, which marks them dead as it
+    /// passes so the next pass skips them).
     async fn take_batch(pool: &PgPool, limit: i64) -> Result<TakenBatch<Postgres>, StoreError> {
         let mut tx = pool
             .begin_with(
                 "BEGIN; SET LOCAL synchronous_commit = off; \
-                 SET LOCAL plan_cache_mode = force_custom_plan",
+                 SET LOCAL plan_cache_mode = force_custom_plan; \
+                 SET LOCAL enable_bitmapscan = off",
             )
             .await?;
         let raw = sqlx::query_as(TAKE_BATCH)
@@ -396,6 +484,8 @@ mod tests {
     #[test]
     fn taking_a_batch_binds_what_take_batch_binds() {
         assert_eq!(super::super::dialect::arity_in_order(TAKE_BATCH), 1);
+        assert_eq!(super::super::dialect::arity_in_order(CLAIM_ROWS), 5);
+        assert_eq!(super::super::dialect::arity_in_order(INSERT_OUTBOX_ROWS), 9);
     }
 
     #[test]

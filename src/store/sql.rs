@@ -182,13 +182,6 @@ macro_rules! shared_hooks {
             Ok(())
         }
 
-        async fn insert_outbox<'c>(
-            conn: &'c mut $conn,
-            rows: &'c [crate::outbox_row::NewOutboxRow<'c>],
-        ) -> Result<(), StoreError> {
-            super::sql::insert_outbox::<$db>(conn, rows).await
-        }
-
         async fn read_version<'c>(
             conn: &'c mut $conn,
             scope: &'c str,
@@ -208,6 +201,21 @@ macro_rules! shared_hooks {
     };
 }
 pub(super) use shared_hooks;
+
+/// Writes, inside a dialect's `impl SqlDialect`, the outbox insert written
+/// once for all (one statement of numbered or positional placeholders for
+/// several rows): every dialect's but PostgreSQL's, which binds arrays.
+macro_rules! shared_outbox_insert {
+    ($db:ty, $conn:ty) => {
+        async fn insert_outbox<'c>(
+            conn: &'c mut $conn,
+            rows: &'c [crate::outbox_row::NewOutboxRow<'c>],
+        ) -> Result<(), StoreError> {
+            super::sql::insert_outbox::<$db>(conn, rows).await
+        }
+    };
+}
+pub(super) use shared_outbox_insert;
 
 /// Writes `impl $trait for SqlStore<D>` under the bounds every dialect meets for
 /// the shared code: its connection runs queries, and it binds and reads the Rust
@@ -365,6 +373,12 @@ shared_impl! {
             tx: &'a mut super::Tx<D>,
             entries: &'a [InboxEntry<'a>],
         ) -> Result<Vec<bool>, StoreError> {
+            if entries.len() > 1
+                && let Some(new) = D::claim_rows(tx.conn(), entries).await?
+            {
+                let new: std::collections::HashSet<String> = new.into_iter().collect();
+                return Ok(entries.iter().map(|e| new.contains(e.message_id)).collect());
+            }
             let Some(sql) = multi_row_claim::<D>(entries.len()) else {
                 let mut claimed = Vec::with_capacity(entries.len());
                 for entry in entries {

@@ -117,6 +117,7 @@ const TAKE_BATCH: &str = "UPDATE warren_outbox SET lease_until = ?1
 
 impl SqlDialect for Sqlite {
     super::sql::shared_hooks!(Sqlite, SqliteConnection);
+    super::sql::shared_outbox_insert!(Sqlite, SqliteConnection);
 
     const BATCH_TIME_LIMIT: Option<Duration> = Some(super::dialect::ONE_WRITER_BATCH_TIME_LIMIT);
 

@@ -179,6 +179,43 @@ impl CpuTimes {
     }
 }
 
+/// How the local RabbitMQ node's schedulers wait for work, from its command
+/// line (`-sbwt`, `-sbwtdcpu`, `-sbwtdio`; RabbitMQ 3.10 passes `none` by
+/// default, Erlang's own default is `medium`): spinning schedulers spend CPU
+/// between messages, which a CPU-per-message figure then includes.
+pub fn broker_busy_wait() -> String {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return "unknown".into();
+    };
+    for entry in entries.flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_node = args.first().is_some_and(|a| a.ends_with("beam.smp"))
+            && args.windows(3).any(|w| w == ["-s", "rabbit", "boot"]);
+        if !is_node {
+            continue;
+        }
+        let flags: Vec<String> = ["-sbwt", "-sbwtdcpu", "-sbwtdio"]
+            .iter()
+            .filter_map(|flag| {
+                let at = args.iter().position(|a| a == flag)?;
+                Some(format!("{flag} {}", args.get(at + 1)?))
+            })
+            .collect();
+        return if flags.is_empty() {
+            "Erlang's default (medium)".into()
+        } else {
+            flags.join(" ")
+        };
+    }
+    "unknown (no local RabbitMQ node)".into()
+}
+
 /// User and system time from a `/proc/<pid>/stat` file, with the reaped
 /// children's if `children`.
 fn stat_cpu(path: &str, children: bool) -> Option<Duration> {

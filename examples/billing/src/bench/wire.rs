@@ -34,6 +34,9 @@ pub struct Counts {
     pub round_trips: u64,
     /// Syncs with no statement before them: sqlx's pings (PostgreSQL).
     pub pings: u64,
+    /// Statements prepared under a name (PostgreSQL): sqlx prepares each
+    /// statement once per connection, a round trip of its own, then keeps it.
+    pub prepares: u64,
     /// Statements run, by their SQL with whitespace collapsed (PostgreSQL).
     pub statements: BTreeMap<String, u64>,
     /// Method frames the client sent, by name (AMQP).
@@ -214,6 +217,7 @@ impl Reader {
         let mut counts = lock(counts);
         counts.round_trips += counted.round_trips;
         counts.pings += counted.pings;
+        counts.prepares += counted.prepares;
         counts.deliveries += counted.deliveries;
         for (sql, n) in counted.statements {
             *counts.statements.entry(sql).or_default() += n;
@@ -270,6 +274,9 @@ impl Reader {
                 }
                 b'P' => {
                     let name = cstr(body).to_owned();
+                    if !name.is_empty() {
+                        counted.prepares += 1;
+                    }
                     let sql = cstr(&body[name.len() + 1..]);
                     self.prepared.insert(name.clone(), collapse(sql));
                     if name.is_empty() {
@@ -411,6 +418,7 @@ mod tests {
         let c = lock(&counts).clone();
         assert_eq!(c.round_trips, 3);
         assert_eq!(c.pings, 1);
+        assert_eq!(c.prepares, 1);
         assert_eq!(c.statements_starting("BEGIN"), 1);
         assert_eq!(c.statements_starting("SET LOCAL"), 1);
         assert_eq!(c.statements_starting("INSERT INTO t VALUES"), 1);
