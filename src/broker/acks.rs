@@ -16,7 +16,10 @@
 //!   milliseconds, so what waits above a delivery waits for it, up to
 //!   100 ms; only when that delivery has been open so long that it is stuck
 //!   (50 ms) and half the window is held do the acks above it go one by one,
-//!   so that the window keeps moving.
+//!   so that the window keeps moving. Both bounds grow with how long the
+//!   channel's deliveries take to commit (four and eight times as long, up to
+//!   a second and two), so that a slow database or a busy machine, where every
+//!   batch takes longer, does not make every batch look stuck.
 //! - **A lost channel throws held acks away**: its committed deliveries come
 //!   back redelivered and settle as duplicates without a solo run. The bounds
 //!   above are how many.
@@ -71,7 +74,14 @@ pub(crate) struct AckLedger {
     open: BTreeMap<u64, Instant>,
     /// Committed, their ack not yet sent, with when each was held.
     held: BTreeMap<u64, Instant>,
+    /// How long a delivery typically stays open before it commits: a moving
+    /// average over the channel's commits, each capped at [`TYPICAL_CAP`].
+    typical: Option<Duration>,
 }
+
+/// The most one commit adds to the typical open time: a suspect's solo run
+/// (up to a minute) is what "stuck" is for, and must not become the norm.
+const TYPICAL_CAP: Duration = Duration::from_millis(250);
 
 impl AckLedger {
     /// A delivery with `tag` was taken in at `now`. Tags grow along a
@@ -90,11 +100,29 @@ impl AckLedger {
     /// releases them. Tags not open (unknown, or settled already) are
     /// ignored, so no tag is acked twice.
     pub(crate) fn hold(&mut self, tags: &[u64], now: Instant) {
+        let mut taken_in = None;
         for &tag in tags {
-            if self.open.remove(&tag).is_some() {
+            if let Some(at) = self.open.remove(&tag) {
                 self.held.insert(tag, now);
+                taken_in = Some(taken_in.map_or(at, |t: Instant| t.min(at)));
             }
         }
+        if let Some(at) = taken_in {
+            // The oldest of them: how long this commit kept its deliveries open.
+            let open = now.saturating_duration_since(at).min(TYPICAL_CAP);
+            self.typical = Some(self.typical.map_or(open, |t| (t * 7 + open) / 8));
+        }
+    }
+
+    /// When the lowest open delivery counts as stuck, and how long acks wait
+    /// above it: the policy's bounds, or four and eight times the typical
+    /// open time where that is longer.
+    fn above_bounds(&self, policy: AckPolicy) -> (Duration, Duration) {
+        let typical = self.typical.unwrap_or_default();
+        (
+            policy.stuck_after.max(typical * 4),
+            policy.max_hold_above.max(typical * 8),
+        )
     }
 
     /// The acks to send now, in order, as `(tag, multiple)`, and forgets
@@ -134,11 +162,11 @@ impl AckLedger {
             }
             acks.push((top, below.len() > 1));
         }
-        let stuck = lowest_open.is_some_and(|(_, at)| since(at) >= policy.stuck_after);
+        let (stuck_after, max_hold_above) = self.above_bounds(policy);
+        let stuck = lowest_open.is_some_and(|(_, at)| since(at) >= stuck_after);
         let above_due = force
             || stuck && self.held.len() >= policy.limit_above
-            || oldest(self.held.range(boundary..))
-                .is_some_and(|at| since(at) >= policy.max_hold_above);
+            || oldest(self.held.range(boundary..)).is_some_and(|at| since(at) >= max_hold_above);
         if above_due {
             acks.extend(
                 std::mem::take(&mut self.held)
@@ -152,6 +180,7 @@ impl AckLedger {
     /// When the next held ack is due, if any is held: by its age, or, with
     /// half the window held, when the lowest open delivery becomes stuck.
     pub(crate) fn due(&self, policy: AckPolicy) -> Option<Instant> {
+        let (stuck_after, max_hold_above) = self.above_bounds(policy);
         let lowest_open = self.open.first_key_value();
         let boundary = lowest_open.map_or(u64::MAX, |(&t, _)| t);
         let below = self
@@ -161,10 +190,10 @@ impl AckLedger {
         let above = self
             .held
             .range(boundary..)
-            .map(|(_, &t)| t + policy.max_hold_above);
+            .map(|(_, &t)| t + max_hold_above);
         let stuck = lowest_open
             .filter(|_| self.held.len() >= policy.limit_above)
-            .map(|(_, &at)| at + policy.stuck_after);
+            .map(|(_, &at)| at + stuck_after);
         below.chain(above).chain(stuck).min()
     }
 
@@ -239,14 +268,18 @@ mod tests {
     #[test]
     fn half_the_window_held_above_a_stuck_delivery_goes_at_once() {
         let t0 = Instant::now();
-        let mut l = ledger_at(1..=8, t0);
         let now = t0 + POLICY.stuck_after;
+        // 1 was taken in long ago; the rest came and committed at once.
+        let mut l = ledger_at(1..=1, t0);
+        for tag in 2..=8 {
+            l.delivered(tag, now);
+        }
         l.hold(&[2, 3, 4, 5, 6], now);
         assert!(
             l.plan(now, POLICY, false).is_empty(),
             "under half the window"
         );
-        l.hold(&[7], t0);
+        l.hold(&[7], now);
         assert_eq!(l.due(POLICY), Some(t0 + POLICY.stuck_after));
         assert_eq!(
             l.plan(now, POLICY, false),
@@ -297,6 +330,53 @@ mod tests {
         let mut l = ledger(1..=3);
         l.hold(&[1, 3], t0);
         assert_eq!(l.plan(t0, POLICY, true), [(1, false), (3, false)]);
+    }
+
+    #[test]
+    fn where_every_commit_is_slow_a_delivery_is_stuck_later() {
+        let t0 = Instant::now();
+        let mut l = AckLedger::default();
+        // Batches of a slow database: each open 60 ms before it commits.
+        let mut tag = 0;
+        for batch in 0..32u32 {
+            let start = t0 + Duration::from_millis(60) * batch;
+            for _ in 0..4 {
+                tag += 1;
+                l.delivered(tag, start);
+            }
+            l.hold(
+                &[tag - 3, tag - 2, tag - 1, tag],
+                start + Duration::from_millis(60),
+            );
+            l.plan(start + Duration::from_millis(60), POLICY, true);
+        }
+        let (stuck_after, max_hold_above) = l.above_bounds(POLICY);
+        assert!(
+            stuck_after > Duration::from_millis(200) && stuck_after <= Duration::from_millis(240),
+            "four times a typical commit's 60 ms: {stuck_after:?}"
+        );
+        assert_eq!(max_hold_above, stuck_after * 2);
+        // A batch open 100 ms there is not stuck, and what waits above it
+        // waits for it.
+        let now = t0 + Duration::from_secs(10);
+        for t in tag + 1..=tag + 8 {
+            l.delivered(t, now);
+        }
+        l.hold(&((tag + 2)..=(tag + 8)).collect::<Vec<_>>(), now);
+        let later = now + Duration::from_millis(100);
+        assert!(l.plan(later, POLICY, false).is_empty(), "not stuck yet");
+        l.hold(&[tag + 1], later);
+        assert_eq!(l.plan(later, POLICY, false), [(tag + 8, true)]);
+    }
+
+    #[test]
+    fn a_solo_run_of_a_minute_does_not_become_the_norm() {
+        let t0 = Instant::now();
+        let mut l = ledger_at(1..=1, t0);
+        l.hold(&[1], t0 + Duration::from_secs(60));
+        let (stuck_after, max_hold_above) = l.above_bounds(POLICY);
+        assert_eq!(stuck_after, TYPICAL_CAP * 4);
+        assert_eq!(max_hold_above, TYPICAL_CAP * 8);
     }
 
     #[test]

@@ -192,11 +192,11 @@ pub async fn run(
         _ => pg.statements_starting("INSERT INTO bench_effects"),
     };
     Ok(Some(RowCounts {
-        // billing's batch handler writes a batch's effects in one
-        // statement: its messages are the invoices published.
+        // A batch handler writes a batch's effects in one statement: its
+        // messages are the ones published, not its statements.
         messages: match row {
-            Counted::Billing => n as u64,
-            _ => handler,
+            Counted::OneInsert => handler,
+            Counted::BatchInsert | Counted::Billing => n as u64,
         },
         commits: pg.statements_starting("COMMIT"),
         rollbacks: pg.statements_starting("ROLLBACK"),

@@ -203,7 +203,9 @@ pub fn broker_busy_wait() -> String {
         let flags: Vec<String> = ["-sbwt", "-sbwtdcpu", "-sbwtdio"]
             .iter()
             .filter_map(|flag| {
-                let at = args.iter().position(|a| a == flag)?;
+                // The last one counts: RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS
+                // come after the defaults.
+                let at = args.iter().rposition(|a| a == flag)?;
                 Some(format!("{flag} {}", args.get(at + 1)?))
             })
             .collect();
