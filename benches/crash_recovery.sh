@@ -40,16 +40,26 @@ trap cleanup EXIT
 
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 applied() { psql -qAtX "$PG" -c "SELECT count(*) FROM $schema.loyalty_points" 2>/dev/null || echo 0; }
+# The port is found before the fork, and the child drops the EXIT trap: a
+# signal that reached the forked shell before it became billing would
+# otherwise run the cleanup there, removing the logs mid-run.
 start() {
-  "$billing" --prefetch "$PREFETCH" --http "127.0.0.1:$(port)" --log-format json run >"$1" 2>&1 &
+  local http
+  http=127.0.0.1:$(port)
+  (trap - EXIT; exec "$billing" --prefetch "$PREFETCH" --http "$http" --log-format json run >"$1" 2>&1) &
   pid=$!
 }
 
-# The first process declares the topology and creates the tables; the
-# invoices go in once it consumes.
+# The first process declares the topology and creates the tables, and
+# stops; the invoices go in while nothing consumes them (a consumer running
+# beside the publisher keeps up with it, and would have applied them all
+# before the kill). The second is killed once about half are applied.
 start "$work/first.log"
-for _ in $(seq 1 300); do grep -q '"consuming"' "$work/first.log" && break; sleep 0.1; done
-"$billing" publish --count "$MESSAGES" --duplicates 0 --v2 0 --poison 0 --flaky 0 >/dev/null
+for _ in $(seq 1 300); do grep -qs '"consuming"' "$work/first.log" && break; sleep 0.1; done
+kill -TERM "$pid"
+wait "$pid" 2>/dev/null || true
+"$billing" --prefetch "$PREFETCH" publish --count "$MESSAGES" --duplicates 0 --v2 0 --poison 0 --flaky 0 >/dev/null
+start "$work/killed.log"
 for _ in $(seq 1 3000); do [ "$(applied)" -ge $((MESSAGES / 2)) ] && break; sleep 0.01; done
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null || true

@@ -11,7 +11,8 @@
 #
 # Needs perf (Debian's linux-perf), psql and the services of .ci/run; makes a
 # schema and a prefix of its own and removes them. PERF_DATA keeps the
-# recording (default: removed).
+# recording (default: removed); PERF_CALLERS=1 records call chains too
+# (DWARF), to read with `perf report -i $PERF_DATA --no-children -G`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MESSAGES=${MESSAGES:-100000}
@@ -26,7 +27,7 @@ cargo build --quiet --release -p billing
 billing=target/release/billing
 psql -qAtX "$PG" -c "CREATE SCHEMA $schema" >/dev/null
 url="$PG?sslmode=disable&options=-c%20search_path%3D$schema"
-export BILLING_PREFIX=$tag DATABASE_URL=$url RUST_LOG=info
+export BILLING_PREFIX=$tag DATABASE_URL=$url
 
 cleanup() {
   [ -n "${pid:-}" ] && kill -KILL "$pid" 2>/dev/null || true
@@ -41,10 +42,15 @@ trap cleanup EXIT
 
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 applied() { psql -qAtX "$PG" -c "SELECT count(*) FROM $schema.loyalty_points" 2>/dev/null || echo 0; }
+# The port is found before the fork, and the child drops the EXIT trap (a
+# signal reaching the forked shell before it became billing would run the
+# cleanup there).
 start() {
-  "$billing" --http "127.0.0.1:$(port)" run >"$1" 2>&1 &
+  local http
+  http=127.0.0.1:$(port)
+  (trap - EXIT; exec "$billing" --http "$http" run >"$1" 2>&1) &
   pid=$!
-  for _ in $(seq 1 300); do grep -q 'consuming' "$1" && return 0; sleep 0.1; done
+  for _ in $(seq 1 300); do grep -qs 'consuming' "$1" && return 0; sleep 0.1; done
   echo "billing run did not start consuming; its log:" >&2
   cat "$1" >&2
   return 1
@@ -65,10 +71,14 @@ start "$work/second.log"
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 before=$(cpu)
-perf record -q -e cpu-clock -F 1999 -p "$pid" -o "$data" 2>/dev/null &
+callers=()
+[ "${PERF_CALLERS:-0}" = 1 ] && callers=(--call-graph dwarf,16384 -F 499) || callers=(-F 1999)
+perf record -q -e cpu-clock "${callers[@]}" -p "$pid" -o "$data" 2>/dev/null &
 perf_pid=$!
 started=$(date +%s.%N)
-for _ in $(seq 1 60000); do [ "$(applied)" -ge "$MESSAGES" ] && break; sleep 0.05; done
+# A count of a growing table every 0.2 s: the poll costs the database little
+# beside the run, and adds at most 0.2 s to its time.
+for _ in $(seq 1 15000); do [ "$(applied)" -ge "$MESSAGES" ] && break; sleep 0.2; done
 finished=$(date +%s.%N)
 after=$(cpu)
 kill -INT "$perf_pid"

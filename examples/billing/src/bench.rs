@@ -15,6 +15,7 @@
 //!    with one message in fifty failing;
 //! 7. the database floor: the claims and effects of row 3, inserted set-based
 //!    by a plain script, 32 messages a transaction, no broker.
+//!    Row 7b is the floor again at row 3b's average transaction.
 //!
 //! Row 3b is row 3 with a batch handler: one insert for all new messages of a
 //! transaction. Every row prints the CPU each process spent per message, and
@@ -114,6 +115,9 @@ impl Goals {
 }
 
 const RSS_GOAL_MIB: f64 = 100.0;
+
+/// Messages a transaction of row 7, the database floor.
+const FLOOR_BATCH: usize = 32;
 
 fn goals<B: BenchDb>() -> Goals {
     let postgres = B::LABEL == "PostgreSQL";
@@ -306,6 +310,8 @@ struct Drain {
     rate: f64,
     cpu: CpuPer,
     rss: Option<f64>,
+    /// Messages a transaction, on average (alone ones included).
+    per_transaction: f64,
 }
 
 /// Every row on one database. `Ok(false)` if a check failed.
@@ -395,14 +401,30 @@ async fn on_database<B: BenchDb>(
     }
 
     let mut floor = None;
+    // The floor again at the size of the batch handler's transactions: how
+    // much of the distance to the floor is batch size alone.
+    let mut floor_at_3b = None;
     if spec.runs(7) {
         println!("{}: row 7, the database floor", B::LABEL);
         let run = measured(
             n,
-            workloads::database_floor::<B>(env, B::pool(&store), &invoices(n)),
+            workloads::database_floor::<B>(env, B::pool(&store), &invoices(n), FLOOR_BATCH),
         )
         .await;
         floor = Some((rate(n, run.out?), run.cpu));
+        if let Some(d) = batch_insert {
+            let size = (d.per_transaction.round() as usize).clamp(1, FLOOR_BATCH);
+            println!(
+                "{}: row 7b, the database floor at {size} messages a transaction",
+                B::LABEL
+            );
+            let run = measured(
+                n,
+                workloads::database_floor::<B>(env, B::pool(&store), &invoices(n), size),
+            )
+            .await;
+            floor_at_3b = Some((size, rate(n, run.out?), run.cpu));
+        }
     }
 
     let prefix = format!("bench-{}-{}", env.tag, B::LABEL.to_lowercase());
@@ -573,7 +595,17 @@ async fn on_database<B: BenchDb>(
     if let Some((floor, cpu)) = floor {
         rows.push(
             Row::new(
-                "7  database floor: claims and effects, 32 a transaction",
+                format!("7  database floor: claims and effects, {FLOOR_BATCH} a transaction"),
+                floor,
+                (floor / bare, "row 1"),
+            )
+            .cpu(cpu),
+        );
+    }
+    if let Some((size, floor, cpu)) = floor_at_3b {
+        rows.push(
+            Row::new(
+                format!("7b database floor, {size} a transaction (row 3b's average)"),
                 floor,
                 (floor / bare, "row 1"),
             )
@@ -639,6 +671,7 @@ async fn on_database<B: BenchDb>(
         one_insert,
         batch_insert,
         floor.map(|(_, cpu)| cpu),
+        floor_at_3b.map(|(size, _, cpu)| (size, cpu)),
     );
 
     if let (Some(d), Some((row4, _))) = (one_insert, &billing) {
@@ -681,6 +714,7 @@ fn print_budgets<B: BenchDb>(
     one_insert: Option<Drain>,
     batch: Option<Drain>,
     floor: Option<CpuPer>,
+    floor_at_batch: Option<(usize, CpuPer)>,
 ) {
     if B::LABEL != "PostgreSQL" {
         return;
@@ -729,6 +763,17 @@ fn print_budgets<B: BenchDb>(
                 );
             }
         }
+    }
+    // Not a budget: how far the batch handler is from the floor at the size
+    // its own transactions had.
+    if let (Some((size, floor)), Some(d)) = (floor_at_batch, batch) {
+        println!(
+            "     PostgreSQL, batch handler, against the floor at {size} a transaction: {:.1} µs \
+             against {:.1} ({:.2} ×)",
+            d.cpu.database,
+            floor.database,
+            d.cpu.database / floor.database.max(f64::MIN_POSITIVE),
+        );
     }
 }
 
@@ -868,6 +913,7 @@ async fn row3_batch<B: BenchDb>(
         rate: rate(n, elapsed),
         cpu: run.cpu,
         rss: run.rss,
+        per_transaction: per_transaction(&stats),
     })
 }
 
@@ -902,6 +948,7 @@ async fn one_insert_run<B: BenchDb>(
         rate: rate(n, elapsed),
         cpu: run.cpu,
         rss: run.rss,
+        per_transaction: per_transaction(&stats),
     })
 }
 
@@ -917,6 +964,13 @@ fn partition_hash_cost(n: usize) -> Duration {
     }
     std::hint::black_box(homes);
     started.elapsed() / u32::try_from(keys.len()).unwrap_or(u32::MAX)
+}
+
+/// Messages a transaction: those of batches, and those alone at one each.
+fn per_transaction(stats: &warren::telemetry::ConsumerStats) -> f64 {
+    let settled = stats.applied + stats.duplicates + stats.stale;
+    let alone = settled.saturating_sub(stats.batched);
+    settled as f64 / (stats.batches + alone).max(1) as f64
 }
 
 /// How the consumer's messages were grouped into transactions.

@@ -373,12 +373,14 @@ pub async fn warren_batch_insert_with<B: BenchDb>(
 }
 
 /// Row 7: what the database itself costs for row 3's rows: the inbox claims
-/// and effects of `messages`, 32 a transaction, each set-based in one
-/// statement, `concurrency` transactions at once on a plain pool. No broker.
+/// and effects of `messages`, `per_transaction` a transaction (32 for row 7,
+/// row 3b's average for row 7b), each set-based in one statement,
+/// `concurrency` transactions at once on a plain pool. No broker.
 pub async fn database_floor<B: BenchDb>(
     env: &Env,
     pool: &sqlx::Pool<B>,
     messages: &[Planned],
+    per_transaction: usize,
 ) -> Result<Duration, String> {
     let ids: Vec<String> = messages
         .iter()
@@ -391,7 +393,10 @@ pub async fn database_floor<B: BenchDb>(
         })
         .collect();
     let consumer = format!("floor-{}", env.tag);
-    let chunks: Vec<Vec<String>> = ids.chunks(32).map(<[String]>::to_vec).collect();
+    let chunks: Vec<Vec<String>> = ids
+        .chunks(per_transaction.max(1))
+        .map(<[String]>::to_vec)
+        .collect();
     let start = Instant::now();
     let results = futures_util::stream::iter(chunks)
         .map(|chunk| {
