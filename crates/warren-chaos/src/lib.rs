@@ -12,6 +12,11 @@
 //! dead letters even of processes that were killed. Afterwards, [`Check`]s state
 //! the invariants and [`Report`] prints PASS or FAIL for each.
 //!
+//! [`Cluster`] injects the faults of a RabbitMQ cluster instead: the node
+//! that leads a queue stopped, killed, wiped or cut off from the network, or
+//! every node restarted in turn ([`ClusterFault`]), each reported as a
+//! [`Failover`].
+//!
 //! [`hostile`] is the producer no client library would be: it writes frames
 //! byte by byte (header tables thousands of levels deep, names and ids that
 //! are not UTF-8), to check that no message the broker accepts takes a
@@ -43,6 +48,7 @@
 //! ```
 
 mod broker_tools;
+mod cluster;
 mod faults;
 mod fleet;
 pub mod hostile;
@@ -50,6 +56,7 @@ mod report;
 mod tally;
 
 pub use broker_tools::{HashExchangePluginOff, QueuePolicy, close_all_connections, restart_broker};
+pub use cluster::{Cluster, ClusterFault, Failover};
 pub use faults::{Campaign, FaultKind, FaultMix, Step};
 pub use fleet::{Fleet, START_TIMEOUT};
 pub use report::{Check, Report};

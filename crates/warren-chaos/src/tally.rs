@@ -16,6 +16,10 @@ pub struct LogTally {
     /// healthy message can collect against itself when unrelated deaths fall
     /// inside its solo runs.
     pub solo_runs_after_a_death: u64,
+    /// When the first and the last solo run started, as logged (RFC 3339):
+    /// the span the quarantine lane was busy, where every solo run followed
+    /// one event.
+    pub solo_run_span: Option<(String, String)>,
 }
 
 impl LogTally {
@@ -26,6 +30,18 @@ impl LogTally {
         let fields = &v["fields"];
         if fields["message"] == "suspect runs alone" {
             self.solo_runs += 1;
+            if let Some(at) = v["timestamp"].as_str() {
+                let span = self
+                    .solo_run_span
+                    .get_or_insert_with(|| (at.to_owned(), at.to_owned()));
+                // Lines of several processes come in any order.
+                if at < span.0.as_str() {
+                    span.0 = at.to_owned();
+                }
+                if at > span.1.as_str() {
+                    span.1 = at.to_owned();
+                }
+            }
             if fields["solo_run"].as_u64().is_some_and(|n| n >= 2) {
                 self.solo_runs_after_a_death += 1;
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use warren::admin::DeadLetterQueue;
 use warren::store::DeadLetterStore;
 use warren::store::OutboxStore;
-use warren_chaos::{Campaign, Check, FaultMix, Fleet, Report};
+use warren_chaos::{Campaign, Check, Cluster, ClusterFault, Failover, FaultMix, Fleet, Report};
 
 use crate::config::Config;
 use crate::credit::{self, CreditSpec};
@@ -33,6 +33,97 @@ pub struct ChaosSpec {
     /// Messages published per second (`None`: as fast as the broker takes them),
     /// so the stream flows for a while under faults.
     pub publish_rate: Option<f64>,
+    /// One fault of a RabbitMQ cluster instead of the random ones, aimed at
+    /// the leader of the target's queue.
+    pub cluster: Option<(Cluster, ClusterFault, FaultTarget)>,
+}
+
+/// The queue whose leader a cluster fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultTarget {
+    /// `P.invoice-paid`, the invoice consumer's queue.
+    Invoices,
+    /// `P.customer-credit.0`, a partition of the ordered credit stream.
+    Credit,
+    /// The queue billing's relay publishes its events to.
+    Events,
+}
+
+impl FaultTarget {
+    fn queue(self, names: &Names) -> String {
+        match self {
+            FaultTarget::Invoices => names.queue(),
+            FaultTarget::Credit => format!("{}.0", names.credit()),
+            FaultTarget::Events => names.recorded_queue(),
+        }
+    }
+}
+
+impl std::str::FromStr for FaultTarget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "invoices" => Ok(FaultTarget::Invoices),
+            "credit" => Ok(FaultTarget::Credit),
+            "events" => Ok(FaultTarget::Events),
+            _ => Err(format!(
+                "{s:?} is not a target; one of invoices, credit, events"
+            )),
+        }
+    }
+}
+
+/// `urls` (a comma-separated list) turned left by `by`, so that processes
+/// given the same cluster connect to different nodes first.
+fn rotated(urls: &str, by: usize) -> String {
+    let mut list: Vec<&str> = urls.split(',').collect();
+    let by = by % list.len().max(1);
+    list.rotate_left(by);
+    list.join(",")
+}
+
+/// Applied messages over time while a cluster fault ran, every 100 ms, with
+/// whether work was waiting then: the stream still being published, or
+/// fewer than `valid` applied.
+async fn sample_progress<B: BillingDb>(
+    store: B::S,
+    stream_done: Arc<std::sync::atomic::AtomicBool>,
+    valid: i64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(Instant, i64, bool)> {
+    let mut samples = Vec::new();
+    loop {
+        if let Ok(c) = B::counts(&store, CONSUMER).await {
+            let waiting =
+                !stream_done.load(std::sync::atomic::Ordering::Relaxed) || c.inbox_rows < valid;
+            samples.push((Instant::now(), c.inbox_rows, waiting));
+        }
+        if *stop.borrow() {
+            return samples;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The longest stretch without a message applied while work was waiting,
+/// and when it began relative to `from`.
+fn longest_stall(samples: &[(Instant, i64, bool)], from: Instant) -> (Duration, Duration) {
+    let mut longest = (Duration::ZERO, Duration::ZERO);
+    let mut since: Option<(Instant, i64)> = None;
+    for &(at, applied, waiting) in samples {
+        match since {
+            _ if !waiting => since = None,
+            Some((start, count)) if applied == count => {
+                let stalled = at.saturating_duration_since(start);
+                if stalled > longest.0 {
+                    longest = (stalled, start.saturating_duration_since(from));
+                }
+            }
+            _ => since = Some((at, applied)),
+        }
+    }
+    longest
 }
 
 /// The retry tiers of the campaign's processes: short, so retries finish quickly.
@@ -100,6 +191,112 @@ async fn publish_through_faults(
     Ok(())
 }
 
+/// What a cluster fault did, as the campaign measured it.
+struct ClusterOutcome {
+    queue: String,
+    fault: ClusterFault,
+    failover: Failover,
+    /// The longest time no message was applied, from the fault's start on.
+    stall: Duration,
+    /// Redelivered messages that ran alone as suspects after the fault.
+    suspects: u64,
+    /// From the first of those solo runs to the last one's start.
+    lane: Duration,
+}
+
+/// Waits until a quarter of the stream is applied, then injects `fault` at
+/// the node leading `target`'s queue while sampling progress every 100 ms,
+/// and prints what it did.
+#[allow(clippy::print_stdout)]
+async fn cluster_fault<B: BillingDb>(
+    store: &B::S,
+    names: &Names,
+    cluster: &Cluster,
+    (fault, target): (ClusterFault, FaultTarget),
+    valid: usize,
+    stream_done: &Arc<std::sync::atomic::AtomicBool>,
+    fleet: &Fleet,
+) -> Result<ClusterOutcome, String> {
+    let queue = target.queue(names);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let applied = B::counts(store, CONSUMER)
+            .await
+            .map(|c| c.inbox_rows)
+            .unwrap_or(0);
+        if applied as usize * 4 >= valid {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let solo_before = fleet.tally().solo_runs;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(sample_progress::<B>(
+        store.clone(),
+        Arc::clone(stream_done),
+        valid as i64,
+        stopped,
+    ));
+    let started = Instant::now();
+    println!("chaos: {} at the leader of {queue}", fault.as_str());
+    let injected = cluster.inject(fault, &queue, &[]).await;
+    // Until the stream is applied, or long enough after the fault for a
+    // stall at its end to show.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let applied = B::counts(store, CONSUMER)
+            .await
+            .map(|c| c.inbox_rows)
+            .unwrap_or(0);
+        if applied as usize >= valid {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = stop.send(true);
+    let samples = sampler
+        .await
+        .map_err(|e| format!("the progress sampler failed: {e}"))?;
+    let failover = injected?;
+    let (stall, stall_at) = longest_stall(&samples, started);
+    let tally = fleet.tally();
+    let suspects = tally.solo_runs.saturating_sub(solo_before);
+    let lane = tally
+        .solo_run_span
+        .as_ref()
+        .and_then(|(first, last)| {
+            let first = chrono::DateTime::parse_from_rfc3339(first).ok()?;
+            let last = chrono::DateTime::parse_from_rfc3339(last).ok()?;
+            (last - first).to_std().ok()
+        })
+        .unwrap_or_default();
+    println!(
+        "chaos: {} took {:.1} s; {queue} was led by {}, by {} while it was down, by {} after; \
+         another node led it {:.1} s after the fault began",
+        fault.as_str(),
+        failover.duration.as_secs_f64(),
+        failover.leader_before,
+        failover.leaders_during.join(" then "),
+        failover.leader_after,
+        failover.election.as_secs_f64(),
+    );
+    println!(
+        "chaos: consumption stalled for {:.1} s at most ({:.1} s after the fault began); \
+         {suspects} redelivered messages ran alone as suspects, over {:.1} s",
+        stall.as_secs_f64(),
+        stall_at.as_secs_f64(),
+        lane.as_secs_f64(),
+    );
+    Ok(ClusterOutcome {
+        queue,
+        fault,
+        failover,
+        stall,
+        suspects,
+        lane,
+    })
+}
+
 /// Runs the campaign; returns whether every invariant held.
 #[allow(clippy::print_stdout)]
 pub async fn run<B: BillingDb>(
@@ -110,7 +307,7 @@ pub async fn run<B: BillingDb>(
     settings: &Settings,
     spec: &ChaosSpec,
 ) -> Result<bool, String> {
-    if !cfg!(feature = "failpoints") {
+    if !cfg!(feature = "failpoints") && spec.cluster.is_none() {
         return Err(
             "billing chaos arms crash points: build it with --features failpoints \
              (cargo run --release -p billing --features failpoints -- chaos)"
@@ -126,11 +323,11 @@ pub async fn run<B: BillingDb>(
 
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let (prefix, url, amqp) = (names.prefix.clone(), child_db_url, amqp_url.to_owned());
-    let mut fleet = Fleet::new(spec.processes, move |_| {
+    let mut fleet = Fleet::new(spec.processes, move |member| {
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.args([
             "--amqp-url",
-            &amqp,
+            &rotated(&amqp, member),
             "--prefix",
             &prefix,
             "--database-url",
@@ -169,12 +366,23 @@ pub async fn run<B: BillingDb>(
         e.poison.values().sum::<usize>(),
         e.flaky
     );
-    let publisher = tokio::spawn(publish_through_faults(
-        amqp_url.to_owned(),
-        names.exchange(),
-        Arc::clone(&plan),
-        spec.publish_rate,
-    ));
+    // Set once every invoice is published: until then a pause in progress
+    // may be a pause in the stream, after it only a stall.
+    let stream_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = tokio::spawn({
+        let done = Arc::clone(&stream_done);
+        let publishing = publish_through_faults(
+            amqp_url.to_owned(),
+            names.exchange(),
+            Arc::clone(&plan),
+            spec.publish_rate,
+        );
+        async move {
+            let published = publishing.await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            published
+        }
+    });
     // The credit stream beside it: per-customer versions, half in order, half
     // shuffled, with copies; its ordering invariants are checked at the end.
     let credit_plan = credit::plan(&CreditSpec {
@@ -200,7 +408,22 @@ pub async fn run<B: BillingDb>(
     // Faults while the stream flows.
     let mut campaign = Campaign::new(spec.seed, spec.mix.clone());
     let fault_start = Instant::now();
-    loop {
+    let mut failover = None;
+    if let Some((cluster, fault, target)) = &spec.cluster {
+        failover = Some(
+            cluster_fault::<B>(
+                &store,
+                names,
+                cluster,
+                (*fault, *target),
+                e.valid,
+                &stream_done,
+                &fleet,
+            )
+            .await?,
+        );
+    }
+    while spec.cluster.is_none() {
         let kind = campaign.inject(&mut fleet).await?;
         let applied = B::counts(&store, CONSUMER)
             .await
@@ -462,6 +685,21 @@ pub async fn run<B: BillingDb>(
             .len();
     }
     let mut checks = checks;
+    if let Some(o) = &failover {
+        checks.push(Check::new(
+            format!("{}: another node led {} while its leader was down", o.fault.as_str(), o.queue),
+            o.failover.moved(),
+            format!(
+                "{} before, {} during, {} after; stalled {:.1} s at most, {} suspects alone over {:.1} s",
+                o.failover.leader_before,
+                o.failover.leaders_during.join(" then "),
+                o.failover.leader_after,
+                o.stall.as_secs_f64(),
+                o.suspects,
+                o.lane.as_secs_f64()
+            ),
+        ));
+    }
     // The stale count is not among them: a killed process takes its counters
     // with it.
     for (ok, text) in credit::checks(&credit_plan, &credit_state, 0)
@@ -567,4 +805,38 @@ pub async fn command(
         let _ = std::fs::remove_dir_all(&fresh.temp);
     }
     passed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stall_counts_only_while_work_waits() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let samples = [
+            (at(0), 10, true),
+            (at(100), 20, true),
+            // Nothing applied for 800 ms while the stream flows.
+            (at(500), 20, true),
+            (at(900), 20, true),
+            (at(1000), 30, true),
+            // Everything applied, the stream done: a pause is no stall.
+            (at(1100), 40, false),
+            (at(5000), 40, false),
+        ];
+        let (stall, began) = longest_stall(&samples, t0);
+        assert_eq!(stall, Duration::from_millis(800));
+        assert_eq!(began, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn each_process_starts_at_another_node() {
+        let urls = "amqp://a,amqp://b,amqp://c";
+        assert_eq!(rotated(urls, 0), urls);
+        assert_eq!(rotated(urls, 1), "amqp://b,amqp://c,amqp://a");
+        assert_eq!(rotated(urls, 4), "amqp://b,amqp://c,amqp://a");
+        assert_eq!(rotated("amqp://one", 3), "amqp://one");
+    }
 }

@@ -230,6 +230,20 @@ enum Command {
         /// Keep the campaign's queues and database.
         #[arg(long)]
         keep: bool,
+        /// Instead of the random faults, one fault of a RabbitMQ cluster once
+        /// the stream flows: leader-stop, leader-kill, rolling-restart,
+        /// leader-wipe or leader-partition, aimed at the node that leads
+        /// --cluster-target's queue. Needs the cluster's control script
+        /// (WARREN_CLUSTER_SCRIPT, as `.ci/cluster env` prints) and
+        /// --amqp-url listing its nodes; each process gets the list turned
+        /// so that they connect to different nodes first.
+        #[arg(long)]
+        cluster_fault: Option<warren_chaos::ClusterFault>,
+        /// Whose queue's leader the cluster fault hits: invoices
+        /// (P.invoice-paid), credit (P.customer-credit.0) or events (the
+        /// queue billing's relay publishes to).
+        #[arg(long, default_value = "invoices")]
+        cluster_target: chaos::FaultTarget,
     },
     /// Measure warren against a bare consumer and the hand-written pattern, on
     /// PostgreSQL and SQLite, in one run; prints rates and their ratios.
@@ -687,6 +701,8 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             max_fault_time,
             publish_rate,
             keep,
+            cluster_fault,
+            cluster_target,
         } => {
             if *processes == 0 || *count == 0 {
                 return Err("--processes and --count must be at least 1".into());
@@ -704,6 +720,21 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             if *no_broker_restarts {
                 mix.weights[4] = 0;
             }
+            let cluster = match cluster_fault {
+                None => None,
+                Some(fault) => {
+                    // The cluster's fault alone: no process is killed and
+                    // no crash point armed, so what the report shows is
+                    // the failover's doing.
+                    mix.weights = [0; 5];
+                    mix.armed_throughout = false;
+                    let cluster = warren_chaos::Cluster::from_env().ok_or(
+                        "--cluster-fault drives the cluster through its control script: set \
+                         WARREN_CLUSTER_SCRIPT (eval \"$(.ci/cluster env)\" after .ci/cluster up)",
+                    )?;
+                    Some((cluster, *fault, *cluster_target))
+                }
+            };
             let spec = chaos::ChaosSpec {
                 count: *count,
                 processes: *processes,
@@ -712,6 +743,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 max_fault_time: *max_fault_time,
                 drain_deadline: Duration::from_secs(300),
                 publish_rate: *publish_rate,
+                cluster,
             };
             chaos::command(cli, &spec, *keep, pool).await
         }

@@ -130,10 +130,18 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// True if process `dir` (`/proc/PID`) shares this process's network
+/// namespace: the broker this process reaches on 127.0.0.1, not the nodes of
+/// a test cluster, each in a namespace of its own.
+fn same_network(dir: &std::path::Path) -> bool {
+    let ours = std::fs::read_link("/proc/self/ns/net");
+    ours.is_ok() && std::fs::read_link(dir.join("ns/net")).ok() == ours.ok()
+}
+
 /// CPU time spent so far by this process, the broker and the database server
 /// on this host, read from `/proc` (Linux). The broker and the database are
-/// found by process name (`beam.smp`, `postgres`); a server on another host,
-/// or none, reads as zero.
+/// found by process name (`beam.smp`, `postgres`) in this process's network
+/// namespace; a server on another host, or none, reads as zero.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuTimes {
     pub this_process: Duration,
@@ -159,7 +167,9 @@ impl CpuTimes {
             let stat = path.join("stat");
             let stat = stat.to_string_lossy();
             match comm.trim() {
-                "beam.smp" => times.broker += stat_cpu(&stat, false).unwrap_or_default(),
+                "beam.smp" if same_network(&path) => {
+                    times.broker += stat_cpu(&stat, false).unwrap_or_default();
+                }
                 // Backends that ended were reaped by the postmaster: their
                 // time is in its children's fields.
                 "postgres" => times.database += stat_cpu(&stat, true).unwrap_or_default(),
@@ -196,7 +206,8 @@ pub fn broker_busy_wait() -> String {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         let is_node = args.first().is_some_and(|a| a.ends_with("beam.smp"))
-            && args.windows(3).any(|w| w == ["-s", "rabbit", "boot"]);
+            && args.windows(3).any(|w| w == ["-s", "rabbit", "boot"])
+            && same_network(&entry.path());
         if !is_node {
             continue;
         }
