@@ -39,6 +39,7 @@ fn cluster() -> Option<(String, String)> {
 /// stream published at 60 invoices a second for `stream_for`, long enough to
 /// flow through the whole fault; every invariant must hold. Prints the report
 /// (the stall, the suspects) for the record.
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 async fn campaign(fault: &str, target: &str, stream_for: Duration) {
     let Some((script, urls)) = cluster() else {
         eprintln!("skipped: no cluster (run .ci/cluster up, then eval \"$(.ci/cluster env)\")");
