@@ -168,6 +168,15 @@ impl Cluster {
         self.run(&args).await.map(drop)
     }
 
+    /// A network namespace for client `k` on the cluster's network, for a
+    /// partition to cut off from a node: its name and address.
+    pub async fn client(&self, k: usize) -> Result<(String, String), String> {
+        let out = self.run(&["client", &k.to_string()]).await?;
+        out.split_once(' ')
+            .map(|(ns, addr)| (ns.to_owned(), addr.to_owned()))
+            .ok_or_else(|| format!("client {k}: unexpected answer {out:?}"))
+    }
+
     /// Removes every cut.
     pub async fn heal(&self) -> Result<(), String> {
         self.run(&["heal"]).await.map(drop)

@@ -24,6 +24,8 @@ pub struct Fleet {
     spawn: Spawner,
     members: Vec<Option<Member>>,
     tally: Arc<Mutex<LogTally>>,
+    /// The same, for each member alone (across its restarts).
+    member_tallies: Vec<Arc<Mutex<LogTally>>>,
     crashes: u64,
     ready_line: Option<String>,
 }
@@ -37,6 +39,7 @@ impl Fleet {
             spawn: Box::new(spawn),
             members: (0..size).map(|_| None).collect(),
             tally: Arc::default(),
+            member_tallies: (0..size).map(|_| Arc::default()).collect(),
             crashes: 0,
             ready_line: None,
         }
@@ -67,6 +70,14 @@ impl Fleet {
         self.tally.lock().expect("tally lock").clone()
     }
 
+    /// What member `index`'s logs said, across its restarts.
+    pub fn member_tally(&self, index: usize) -> LogTally {
+        self.member_tallies[index]
+            .lock()
+            .expect("tally lock")
+            .clone()
+    }
+
     /// Process ids of the running members, by index.
     pub fn pids(&self) -> Vec<Option<u32>> {
         self.members
@@ -91,6 +102,7 @@ impl Fleet {
             .map_err(|e| format!("cannot start member {index}: {e}"))?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let tally = Arc::clone(&self.tally);
+        let own_tally = Arc::clone(&self.member_tallies[index]);
         // With WARREN_CHAOS_LOG_DIR set, every member's log is kept there too.
         let mut keep = std::env::var_os("WARREN_CHAOS_LOG_DIR").and_then(|dir| {
             std::fs::OpenOptions::new()
@@ -116,6 +128,7 @@ impl Fleet {
                     let _ = tx.send(());
                 }
                 tally.lock().expect("tally lock").read(&line);
+                own_tally.lock().expect("tally lock").read(&line);
             }
         });
         if self.ready_line.is_some() {

@@ -20,6 +20,11 @@ pub struct LogTally {
     /// the span the quarantine lane was busy, where every solo run followed
     /// one event.
     pub solo_run_span: Option<(String, String)>,
+    /// Times a consumer lost the broker and set out to reconnect.
+    pub broker_lost: u64,
+    /// Times a consumer started consuming (at start, and after each
+    /// reconnection).
+    pub consuming: u64,
 }
 
 impl LogTally {
@@ -47,8 +52,17 @@ impl LogTally {
             }
             return;
         }
-        if fields["message"] != "message processed" {
-            return;
+        match fields["message"].as_str() {
+            Some("lost the broker; reconnecting") => {
+                self.broker_lost += 1;
+                return;
+            }
+            Some("consuming") => {
+                self.consuming += 1;
+                return;
+            }
+            Some("message processed") => {}
+            _ => return,
         }
         if let Some(result) = fields["processing_result"].as_str() {
             *self.results.entry(result.to_owned()).or_default() += 1;

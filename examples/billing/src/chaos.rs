@@ -74,6 +74,19 @@ impl std::str::FromStr for FaultTarget {
     }
 }
 
+/// `url` (PostgreSQL's) reaching the server through its Unix socket in
+/// `/var/run/postgresql`, from a network namespace where 127.0.0.1 is not the
+/// server's.
+fn through_socket(url: &str) -> Result<String, String> {
+    if !url.starts_with("postgres") {
+        return Err(
+            "the partition campaign runs on PostgreSQL: give --database-url postgres://...".into(),
+        );
+    }
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    Ok(format!("{url}{joiner}host=/var/run/postgresql"))
+}
+
 /// `urls` (a comma-separated list) turned left by `by`, so that processes
 /// given the same cluster connect to different nodes first.
 fn rotated(urls: &str, by: usize) -> String {
@@ -211,12 +224,13 @@ struct ClusterOutcome {
 async fn cluster_fault<B: BillingDb>(
     store: &B::S,
     names: &Names,
-    cluster: &Cluster,
-    (fault, target): (ClusterFault, FaultTarget),
+    aimed: &(Cluster, ClusterFault, FaultTarget),
     valid: usize,
     stream_done: &Arc<std::sync::atomic::AtomicBool>,
     fleet: &Fleet,
+    cut_off: Option<&str>,
 ) -> Result<ClusterOutcome, String> {
+    let (cluster, fault, target) = (&aimed.0, aimed.1, aimed.2);
     let queue = target.queue(names);
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -239,7 +253,10 @@ async fn cluster_fault<B: BillingDb>(
     ));
     let started = Instant::now();
     println!("chaos: {} at the leader of {queue}", fault.as_str());
-    let injected = cluster.inject(fault, &queue, &[]).await;
+    let member_before = fleet.member_tally(0);
+    let also: Vec<String> = cut_off.iter().map(|a| (*a).to_owned()).collect();
+    let injected = cluster.inject(fault, &queue, &also).await;
+    let member_after = fleet.member_tally(0);
     // Until the stream is applied, or long enough after the fault for a
     // stall at its end to show.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -287,6 +304,17 @@ async fn cluster_fault<B: BillingDb>(
         stall_at.as_secs_f64(),
         lane.as_secs_f64(),
     );
+    if let Some(address) = cut_off {
+        // What the instance the partition cut off from the leader did
+        // meanwhile, from its own log.
+        println!(
+            "chaos: the instance cut off with the leader's node ({address}) lost the broker {} \
+             times, started consuming {} times and applied {} messages while the fault lasted",
+            member_after.broker_lost - member_before.broker_lost,
+            member_after.consuming - member_before.consuming,
+            member_after.count("applied") - member_before.count("applied"),
+        );
+    }
     Ok(ClusterOutcome {
         queue,
         fault,
@@ -322,16 +350,37 @@ pub async fn run<B: BillingDb>(
     service::declare(amqp_url, names, settings).await?;
 
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // A partition cuts the leader's node off from one instance too: that
+    // instance (member 0) runs in a network namespace of its own, and
+    // reaches PostgreSQL through its socket, which no route can cut.
+    let cut_off = match &spec.cluster {
+        Some((cluster, ClusterFault::LeaderPartition, _)) => {
+            let (namespace, address) = cluster.client(1).await?;
+            let socket_url = through_socket(&child_db_url)?;
+            Some((namespace, address, socket_url))
+        }
+        _ => None,
+    };
+    let cut_off_spawn = cut_off
+        .as_ref()
+        .map(|(namespace, _, url)| (namespace.clone(), url.clone()));
     let (prefix, url, amqp) = (names.prefix.clone(), child_db_url, amqp_url.to_owned());
     let mut fleet = Fleet::new(spec.processes, move |member| {
-        let mut cmd = tokio::process::Command::new(&exe);
+        let (mut cmd, url) = match &cut_off_spawn {
+            Some((namespace, socket_url)) if member == 0 => {
+                let mut cmd = tokio::process::Command::new("ip");
+                cmd.args(["netns", "exec", namespace.as_str()]).arg(&exe);
+                (cmd, socket_url.as_str())
+            }
+            _ => (tokio::process::Command::new(&exe), url.as_str()),
+        };
         cmd.args([
             "--amqp-url",
             &rotated(&amqp, member),
             "--prefix",
             &prefix,
             "--database-url",
-            &url,
+            url,
             "--http",
             "127.0.0.1:0",
             "--retry-tiers",
@@ -409,16 +458,16 @@ pub async fn run<B: BillingDb>(
     let mut campaign = Campaign::new(spec.seed, spec.mix.clone());
     let fault_start = Instant::now();
     let mut failover = None;
-    if let Some((cluster, fault, target)) = &spec.cluster {
+    if let Some(aimed) = &spec.cluster {
         failover = Some(
             cluster_fault::<B>(
                 &store,
                 names,
-                cluster,
-                (*fault, *target),
+                aimed,
                 e.valid,
                 &stream_done,
                 &fleet,
+                cut_off.as_ref().map(|(_, address, _)| address.as_str()),
             )
             .await?,
         );
@@ -829,6 +878,19 @@ mod tests {
         let (stall, began) = longest_stall(&samples, t0);
         assert_eq!(stall, Duration::from_millis(800));
         assert_eq!(began, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_cut_off_instance_reaches_postgresql_through_its_socket() {
+        assert_eq!(
+            through_socket("postgres://u@127.0.0.1:5432/db?sslmode=disable").unwrap(),
+            "postgres://u@127.0.0.1:5432/db?sslmode=disable&host=/var/run/postgresql"
+        );
+        assert_eq!(
+            through_socket("postgres://u@127.0.0.1/db").unwrap(),
+            "postgres://u@127.0.0.1/db?host=/var/run/postgresql"
+        );
+        assert!(through_socket("sqlite://billing.db").is_err());
     }
 
     #[test]
