@@ -101,6 +101,8 @@ pub mod guide {
     pub mod tls {}
     #[doc = include_str!("../docs/performance.md")]
     pub mod performance {}
+    #[doc = include_str!("../docs/cluster.md")]
+    pub mod cluster {}
     #[doc = include_str!("../docs/billing.md")]
     pub mod billing {}
     #[doc = include_str!("../docs/chaos.md")]

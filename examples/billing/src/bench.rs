@@ -44,7 +44,7 @@ use warren::broker::Publisher;
 use warren::config::BatchIsolation;
 use warren::store::Store;
 
-pub use probe::{LogSwitches, Probe, Settled, install_switches};
+pub use probe::{LogSwitches, Probe, Settled, count_broker_nodes, install_switches};
 
 use crate::config::Config;
 use dbs::BenchDb;
@@ -74,6 +74,9 @@ pub struct BenchSpec {
     pub counts: bool,
     /// Where to write flamegraphs of rows 3, 3b and 4 (feature `profile`).
     pub profile: Option<std::path::PathBuf>,
+    /// Counts of billing instances to run row 4 with, side by side, on
+    /// PostgreSQL (empty: skip).
+    pub instances: Vec<usize>,
 }
 
 impl BenchSpec {
@@ -186,6 +189,18 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
                     r = counted(&env, url, &schema, spec.messages.min(4000))
                         .await
                         .map(|counts_passed| passed && counts_passed);
+                }
+                if !spec.instances.is_empty() && r.is_ok() {
+                    r = scale::instances(
+                        &env,
+                        &db_url,
+                        &schema,
+                        pool,
+                        &spec.instances,
+                        spec.messages,
+                    )
+                    .await
+                    .and(r);
                 }
                 store.pool().close().await;
                 r

@@ -295,6 +295,16 @@ enum Command {
         /// this folder (a build with `--features profile`).
         #[arg(long)]
         profile: Option<std::path::PathBuf>,
+        /// After the rows on PostgreSQL, run row 4 with this many billing
+        /// instances side by side, for each count given (e.g. 1,2,4), and
+        /// print each count's rate against the first.
+        #[arg(long, value_delimiter = ',')]
+        instances: Vec<usize>,
+        /// Count the CPU of these RabbitMQ nodes' VMs as the broker's (e.g.
+        /// the cluster's rabbit@wrn1,rabbit@wrn2,rabbit@wrn3) [default: the
+        /// node in this network namespace].
+        #[arg(long, value_delimiter = ',')]
+        broker_nodes: Vec<String>,
     },
 }
 
@@ -642,6 +652,8 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             rows,
             counts,
             profile,
+            instances,
+            broker_nodes,
         } => {
             if let Some(bad) = rows.iter().find(|r| !(1..=7).contains(*r)) {
                 return Err(format!("--rows: {bad} is not a row; the rows are 1 to 7"));
@@ -688,7 +700,14 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 rows: rows.clone(),
                 counts: *counts,
                 profile: profile.clone(),
+                instances: instances.clone(),
             };
+            if instances.contains(&0) {
+                return Err("--instances counts instances: each at least 1".into());
+            }
+            if !broker_nodes.is_empty() {
+                bench::count_broker_nodes(broker_nodes.clone());
+            }
             bench::run(cli, &spec, &SETTLED).await
         }
         Command::Chaos {

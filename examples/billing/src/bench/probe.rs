@@ -130,6 +130,29 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The RabbitMQ nodes whose VMs count as the broker, when not the one in
+/// this network namespace (`--broker-nodes`).
+static BROKER_NODES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Counts the CPU of `nodes`' VMs (`rabbit@host` names, as on their command
+/// lines) as the broker's, in place of the local node's.
+pub fn count_broker_nodes(nodes: Vec<String>) {
+    let _ = BROKER_NODES.set(nodes);
+}
+
+/// True if process `dir` is a VM the broker's CPU is read from: one of
+/// `--broker-nodes`, or else the node in this network namespace.
+fn is_broker(dir: &std::path::Path) -> bool {
+    match BROKER_NODES.get() {
+        Some(nodes) => std::fs::read(dir.join("cmdline")).is_ok_and(|cmdline| {
+            cmdline
+                .split(|&b| b == 0)
+                .any(|arg| nodes.iter().any(|n| arg == n.as_bytes()))
+        }),
+        None => same_network(dir),
+    }
+}
+
 /// True if process `dir` (`/proc/PID`) shares this process's network
 /// namespace: the broker this process reaches on 127.0.0.1, not the nodes of
 /// a test cluster, each in a namespace of its own.
@@ -167,7 +190,7 @@ impl CpuTimes {
             let stat = path.join("stat");
             let stat = stat.to_string_lossy();
             match comm.trim() {
-                "beam.smp" if same_network(&path) => {
+                "beam.smp" if is_broker(&path) => {
                     times.broker += stat_cpu(&stat, false).unwrap_or_default();
                 }
                 // Backends that ended were reaped by the postmaster: their

@@ -182,3 +182,127 @@ pub(super) async fn sweep<B: BenchDb>(
     }
     Ok(())
 }
+
+/// What `--instances` measured for one count of instances.
+struct Scaled {
+    instances: usize,
+    rate: f64,
+    cpu: super::CpuPer,
+}
+
+/// Row 4 with `counts` billing instances side by side, each with its own
+/// connections and its own pool on the same PostgreSQL schema (as separate
+/// processes would have), draining `n` invoices published beforehand:
+/// consumers, relays and the credit partitions' leases shared among them.
+/// Prints each count's rate, its ratio to one instance, and the CPU each
+/// process spent per message.
+pub(super) async fn instances(
+    env: &Env,
+    db_url: &warren::admin::DatabaseUrl,
+    schema: &str,
+    pool: u32,
+    counts: &[usize],
+    n: usize,
+) -> Result<(), String> {
+    let mut results: Vec<Scaled> = Vec::new();
+    for &count in counts {
+        println!("PostgreSQL: row 4 with {count} billing instances");
+        let names = crate::service::Names::new(&format!("bench-{}-scale{count}", env.tag));
+        crate::service::declare(&env.amqp_url, &names, &env.settings).await?;
+        let messages = invoices(n);
+        workloads::publish(env, &names.exchange(), None, &messages).await?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut running = Vec::new();
+        let mut stores = Vec::new();
+        for _ in 0..count {
+            let store = match crate::db::open(db_url, Some(schema), pool).await? {
+                crate::db::Database::Postgres(store) => store,
+                _ => return Err("--instances runs on PostgreSQL".into()),
+            };
+            running.push(
+                crate::service::start::<sqlx::Postgres>(
+                    store.clone(),
+                    &env.amqp_url,
+                    &names,
+                    &env.settings,
+                    warren::RelayConfig::new(crate::handlers::CONSUMER),
+                    stopped.clone(),
+                )
+                .await?,
+            );
+            stores.push(store);
+        }
+        let settled = || {
+            running
+                .iter()
+                .map(|r| {
+                    let s = r.stats.snapshot();
+                    s.applied + s.duplicates + s.dead_lettered
+                })
+                .sum::<u64>()
+        };
+        let run = super::measured(n, async {
+            let started = std::time::Instant::now();
+            let deadline = started + Duration::from_secs(600);
+            while settled() < n as u64 {
+                if std::time::Instant::now() > deadline {
+                    return Err(format!(
+                        "{count} instances settled {} of {n} in 600 s",
+                        settled()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Ok(started.elapsed())
+        })
+        .await;
+        let _ = stop.send(true);
+        for r in running {
+            let _ = r.task.await;
+        }
+        for store in stores {
+            store.pool().close().await;
+        }
+        for topology in [
+            crate::service::topology(&names, &env.settings),
+            crate::service::credit_topology(&names, &env.settings),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = warren::broker::delete(&env.connection, &topology).await;
+        }
+        let elapsed = run.out?;
+        results.push(Scaled {
+            instances: count,
+            rate: rate(n, elapsed),
+            cpu: run.cpu,
+        });
+    }
+    let one = results.first().map_or(1.0, |r| r.rate);
+    println!(
+        "\nPostgreSQL, billing instances side by side ({n} invoices each; {})",
+        env.amqp_url
+            .split(',')
+            .map(warren::admin::redact_url)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "   {:<10} {:>9} {:>22} {:>28}",
+        "instances", "msg/s", "ratio to the first", "CPU µs/msg: here/MQ/DB"
+    );
+    for r in &results {
+        println!(
+            "   {:<10} {:>9.0} {:>22.3} {:>28}",
+            r.instances,
+            r.rate,
+            r.rate / one,
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                r.cpu.this, r.cpu.broker, r.cpu.database
+            )
+        );
+    }
+    Ok(())
+}
