@@ -712,12 +712,14 @@ pub async fn run<B: BillingDb>(
                 && audit.outbox_unpublished == 0
                 && captured_ids == outbox_ids,
             format!(
-                "outbox rows {} ({} distinct, {} unpublished); captured {} deliveries of {} distinct ids",
+                "outbox rows {} ({} distinct, {} unpublished); captured {} deliveries of {} distinct ids \
+                 ({} published again: a confirm lost, or a mark)",
                 audit.outbox_ids.len(),
                 outbox_ids.len(),
                 audit.outbox_unpublished,
                 captured.len(),
-                captured_ids.len()
+                captured_ids.len(),
+                captured.len().saturating_sub(captured_ids.len())
             ),
         ),
     ];
