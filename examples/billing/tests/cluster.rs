@@ -45,12 +45,7 @@ async fn campaign(fault: &str, target: &str, stream_for: Duration) -> Option<Str
 
 /// [`campaign`] publishing `rate` invoices a second.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
-async fn campaign_at(
-    fault: &str,
-    target: &str,
-    stream_for: Duration,
-    rate: u64,
-) -> Option<String> {
+async fn campaign_at(fault: &str, target: &str, stream_for: Duration, rate: u64) -> Option<String> {
     let Some((script, urls)) = cluster() else {
         eprintln!("skipped: no cluster (run .ci/cluster up, then eval \"$(.ci/cluster env)\")");
         return None;

@@ -215,9 +215,10 @@ pub(super) async fn instances(
         let mut running = Vec::new();
         let mut stores = Vec::new();
         for _ in 0..count {
-            let store = match crate::db::open(db_url, Some(schema), pool).await? {
-                crate::db::Database::Postgres(store) => store,
-                _ => return Err("--instances runs on PostgreSQL".into()),
+            let crate::db::Database::Postgres(store) =
+                crate::db::open(db_url, Some(schema), pool).await?
+            else {
+                return Err("--instances runs on PostgreSQL".into());
             };
             running.push(
                 crate::service::start::<sqlx::Postgres>(
