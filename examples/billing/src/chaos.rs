@@ -531,33 +531,56 @@ pub async fn run<B: BillingDb>(
         })
         .collect();
     let drain_start = Instant::now();
+    let mut last_report = Instant::now();
+    let mut waiting_for = String::new();
     let settled = loop {
         let counts = B::counts(&store, CONSUMER)
             .await
             .map_err(|e| e.to_string())?;
         let pending = store.outbox_status().await.map(|o| o.pending).unwrap_or(-1);
-        let mut queued = 0;
-        for q in std::iter::once(names.queue()).chain(tiers.iter().cloned()) {
-            queued += warren::broker::inspect_queue(&connection, &q)
-                .await
-                .map(|i| i.ready)
-                .unwrap_or(1);
-        }
-        for q in &credit_queues {
-            queued += warren::broker::inspect_queue(&connection, q)
-                .await
-                .map(|i| i.ready)
-                .unwrap_or(1);
+        // What is still ready, queue by queue; a queue that cannot be
+        // inspected (its leader away) counts as not drained.
+        let mut queued = Vec::new();
+        for q in std::iter::once(names.queue())
+            .chain(tiers.iter().cloned())
+            .chain(credit_queues.iter().cloned())
+        {
+            match warren::broker::inspect_queue(&connection, &q).await {
+                Ok(i) if i.ready == 0 => {}
+                Ok(i) => queued.push(format!("{q}: {} ready", i.ready)),
+                Err(e) => queued.push(format!("{q}: not inspected ({e})")),
+            }
         }
         let credit_done = B::credit_state(&store)
             .await
             .map(|s| credit_final(&credit_plan, &s))
             .unwrap_or(false);
-        if counts.inbox_rows as usize >= e.valid && pending == 0 && queued == 0 && credit_done {
+        if counts.inbox_rows as usize >= e.valid && pending == 0 && queued.is_empty() && credit_done
+        {
             break true;
         }
+        waiting_for = format!(
+            "inbox {} of {}; outbox pending {pending}; credit limits {}; queues: {}",
+            counts.inbox_rows,
+            e.valid,
+            if credit_done { "final" } else { "not final" },
+            if queued.is_empty() {
+                "empty".to_owned()
+            } else {
+                queued.join(", ")
+            },
+        );
         if drain_start.elapsed() > spec.drain_deadline {
             break false;
+        }
+        // A drain that takes long says what it waits for, so that one that
+        // never ends can be read from its output.
+        if last_report.elapsed() > Duration::from_secs(30) {
+            last_report = Instant::now();
+            println!(
+                "  {:>6.1} s  still draining: {waiting_for}",
+                started.elapsed().as_secs_f64()
+            );
         }
         fleet.revive(None).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -659,7 +682,14 @@ pub async fn run<B: BillingDb>(
         Check::new(
             "the stream drained after the faults",
             settled,
-            format!("within {} s", spec.drain_deadline.as_secs()),
+            if settled {
+                format!("within {} s", spec.drain_deadline.as_secs())
+            } else {
+                format!(
+                    "not within {} s; still waiting for: {waiting_for}",
+                    spec.drain_deadline.as_secs()
+                )
+            },
         ),
         Check::new(
             "every unique valid message applied exactly once",

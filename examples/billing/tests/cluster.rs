@@ -71,7 +71,10 @@ async fn campaign_at(fault: &str, target: &str, stream_for: Duration, rate: u64)
         target,
     ]);
     let started = std::time::Instant::now();
-    let (ok, out, err) = output(&mut cmd).await;
+    // Long enough for billing's own drain deadline (300 s) to pass first,
+    // so that a drain that never ends is reported by billing, with what it
+    // waited for.
+    let (ok, out, err) = output_within(&mut cmd, stream_for + Duration::from_secs(420)).await;
     println!(
         "{fault} at {target}'s leader, {:.0} s:\n{out}",
         started.elapsed().as_secs_f64()

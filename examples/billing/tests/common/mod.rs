@@ -68,16 +68,48 @@ pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &id[id.len() - 10..])
 }
 
+/// Runs `cmd` to its end and returns its success, stdout and stderr. A run
+/// past 300 s is killed, and the panic carries what it had printed by then,
+/// so that a hang shows where it stood.
 pub(crate) async fn output(cmd: &mut Command) -> (bool, String, String) {
-    let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
-        .await
-        .expect("billing finished within 300 s")
+    output_within(cmd, Duration::from_secs(300)).await
+}
+
+/// [`output`] with its own deadline.
+pub(crate) async fn output_within(cmd: &mut Command, deadline: Duration) -> (bool, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let run = async {
+        let (o, e) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+        o.unwrap();
+        e.unwrap();
+        child.wait().await.unwrap()
+    };
+    let status = tokio::time::timeout(deadline, run).await;
+    let (out, err) = (
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    );
+    match status {
+        Ok(status) => (status.success(), out, err),
+        Err(_) => {
+            let mut from = err.len().saturating_sub(8000);
+            while !err.is_char_boundary(from) {
+                from += 1;
+            }
+            panic!(
+                "billing did not finish within {} s; it printed:\n{out}\n--- stderr, its end ---\n{}",
+                deadline.as_secs(),
+                &err[from..]
+            )
+        }
+    }
 }
 
 /// The MySQL/MariaDB server the tests use, as `mysql://.../` (no database).
