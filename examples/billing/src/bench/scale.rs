@@ -289,19 +289,34 @@ pub(super) async fn instances(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    // Cores busy = messages a second × CPU seconds a message, for each
+    // process: where the sum nears the machine's cores, more instances only
+    // share the same CPU.
     println!(
-        "   {:<10} {:>9} {:>22} {:>28}",
-        "instances", "msg/s", "ratio to the first", "CPU µs/msg: here/MQ/DB"
+        "   {:<10} {:>9} {:>20} {:>26} {:>26}",
+        "instances",
+        "msg/s",
+        "ratio to the first",
+        "CPU µs/msg: here/MQ/DB",
+        "cores busy: here/MQ/DB"
     );
     for r in &results {
+        let busy = |us: f64| r.rate * us / 1e6;
         println!(
-            "   {:<10} {:>9.0} {:>22.3} {:>28}",
+            "   {:<10} {:>9.0} {:>20.3} {:>26} {:>26}",
             r.instances,
             r.rate,
             r.rate / one,
             format!(
                 "{:.1} / {:.1} / {:.1}",
                 r.cpu.this, r.cpu.broker, r.cpu.database
+            ),
+            format!(
+                "{:.2} / {:.2} / {:.2} = {:.2}",
+                busy(r.cpu.this),
+                busy(r.cpu.broker),
+                busy(r.cpu.database),
+                busy(r.cpu.this + r.cpu.broker + r.cpu.database)
             )
         );
     }
