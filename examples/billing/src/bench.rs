@@ -154,11 +154,12 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
     let pool = crate::db::pool_size(cfg.concurrency);
     println!(
         "billing bench: {} messages per workload; prefetch {}, concurrency {}, batch size {}, \
-         pool {pool}; quorum queues; one broker; this machine ({} cores)",
+         pool {pool}; quorum queues; {}; this machine ({} cores)",
         spec.messages,
         env.settings.prefetch,
         env.settings.concurrency,
         env.settings.batch_size,
+        probe::broker_described(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     println!(
@@ -731,7 +732,9 @@ fn print_budgets<B: BenchDb>(
     floor: Option<CpuPer>,
     floor_at_batch: Option<(usize, CpuPer)>,
 ) {
-    if B::LABEL != "PostgreSQL" {
+    // Rows 3 and 3b are what the budgets are for: without them (e.g.
+    // `--rows 4`) there is nothing to hold against a budget.
+    if B::LABEL != "PostgreSQL" || (one_insert.is_none() && batch.is_none()) {
         return;
     }
     println!("   CPU per message against budgets measured in this run:");

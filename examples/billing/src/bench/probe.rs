@@ -135,19 +135,34 @@ pub fn peak_rss_mib() -> Option<f64> {
 static BROKER_NODES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// Counts the CPU of `nodes`' VMs (`rabbit@host` names, as on their command
-/// lines) as the broker's, in place of the local node's.
+/// lines or in their RABBITMQ_NODENAME) as the broker's, in place of the
+/// local node's.
 pub fn count_broker_nodes(nodes: Vec<String>) {
     let _ = BROKER_NODES.set(nodes);
+}
+
+/// What the broker is, for the bench's heading: one node, or the nodes of
+/// `--broker-nodes`.
+pub fn broker_described() -> String {
+    match BROKER_NODES.get() {
+        Some(nodes) => format!("a cluster of {} nodes ({})", nodes.len(), nodes.join(", ")),
+        None => "one broker".into(),
+    }
 }
 
 /// True if process `dir` is a VM the broker's CPU is read from: one of
 /// `--broker-nodes`, or else the node in this network namespace.
 fn is_broker(dir: &std::path::Path) -> bool {
     match BROKER_NODES.get() {
-        Some(nodes) => std::fs::read(dir.join("cmdline")).is_ok_and(|cmdline| {
-            cmdline
-                .split(|&b| b == 0)
-                .any(|arg| nodes.iter().any(|n| arg == n.as_bytes()))
+        // RabbitMQ 3.10 names its node from the environment
+        // (RABBITMQ_NODENAME), not from the VM's command line: read both.
+        Some(nodes) => ["cmdline", "environ"].iter().any(|file| {
+            std::fs::read(dir.join(file)).is_ok_and(|args| {
+                args.split(|&b| b == 0).any(|arg| {
+                    let arg = arg.strip_prefix(b"RABBITMQ_NODENAME=").unwrap_or(arg);
+                    nodes.iter().any(|n| arg == n.as_bytes())
+                })
+            })
         }),
         None => same_network(dir),
     }
