@@ -66,6 +66,9 @@
 //! [`guide`]. Their examples compile as doc-tests.
 #![doc = ""]
 #![doc = include_str!("../README.md")]
+// docs.rs builds with `--cfg docsrs` on nightly: each item gated by a feature
+// says which one it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // A build without a store serves tools that need only warren's names and types
 // (warren-chaos needs the crash points); the shared store plumbing has no user
 // there, and gating each piece would scatter cfgs over code that changes often.

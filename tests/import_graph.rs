@@ -3,7 +3,7 @@
 //! consumer owns the topology, the topology needs the consumer's config" starts,
 //! and after that no part can be understood, tested or moved alone.
 //!
-//! Run it with `cargo test -p warren --test import_graph`. It reads the sources,
+//! Run it with `cargo test -p warren-mq --test import_graph`. It reads the sources,
 //! needs no broker or database, and lists each cycle with the files that close it.
 //!
 //! What counts as an import: every `crate::module` path (in `use` or inline,
