@@ -505,9 +505,20 @@ pub(crate) async fn close_connection_within(
 /// Closes `channel` if it is still open, never waiting longer than
 /// [`CALL_TIMEOUT`]: errors are of no interest to a caller that is done with it.
 pub(crate) async fn close_channel(channel: &Channel, reason: &str) {
-    if channel.status().connected() {
-        let _ = tokio::time::timeout(CALL_TIMEOUT, channel.close(200, reason.into())).await;
+    close_channel_within(channel, reason, CALL_TIMEOUT).await;
+}
+
+/// Closes `channel` if it is still open, waiting at most `limit`. False only
+/// if the broker did not confirm the close in time: the channel may then stay
+/// open on its connection, with whatever it holds, until the connection ends.
+pub(crate) async fn close_channel_within(channel: &Channel, reason: &str, limit: Duration) -> bool {
+    if !channel.status().connected() {
+        return true;
     }
+    // A close the broker answered with an error still ended the channel.
+    tokio::time::timeout(limit, channel.close(200, reason.into()))
+        .await
+        .is_ok()
 }
 
 #[cfg(test)]

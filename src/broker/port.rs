@@ -4,6 +4,7 @@
 //! `memory` implements it for fast tests of every disposition.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
@@ -15,7 +16,7 @@ use lapin::{BasicProperties, Channel, Connection};
 
 use super::acks::{AckLedger, AckPolicy};
 use super::guard::{Pruned, take_pruned};
-use super::{BrokerError, Publisher, close_channel, deadline, short};
+use super::{BrokerError, Publisher, close_channel_within, deadline, short};
 
 /// A delivery as the pipeline sees it: the broker's tag, where it came from, and
 /// what it carries. Of the client's types only its model of AMQP properties
@@ -307,13 +308,16 @@ impl Subscription {
     }
 
     /// Sends every held ack, then closes the channel; unacked deliveries
-    /// return to the queue.
-    pub(crate) async fn close(&self) {
+    /// return to the queue. Each step waits at most `limit`: held acks that
+    /// cannot be sent in time are given up (their deliveries come back and
+    /// settle as duplicates) rather than keep the channel, and everything it
+    /// holds, open. False if the broker did not confirm the close in time.
+    pub(crate) async fn close(&self, limit: Duration) -> bool {
         if self.channel.status().connected() {
-            let _ = self.acker.flush(true).await;
+            let _ = tokio::time::timeout(limit, self.acker.flush(true)).await;
         }
         self.releaser.abort();
-        close_channel(&self.channel, "shutdown").await;
+        close_channel_within(&self.channel, "shutdown", limit).await
     }
 }
 

@@ -23,19 +23,34 @@ pub(crate) struct Session {
 impl Session {
     /// Closes politely, but never waits long: a broker that is shutting down may
     /// never answer the close, and a reconnect or a shutdown must not hang on it.
+    ///
+    /// A channel whose close the broker did not confirm may still be open,
+    /// holding its unacked deliveries and, on a partition queue, the single
+    /// active consumer's place: on a connection of its own that ends with the
+    /// connection; on the connections the partitions share, those are closed
+    /// too, or the deliveries would wait there while the process lives. The
+    /// other partitions then reconnect, and what they held comes back as
+    /// redeliveries the inbox recognizes.
     pub(crate) async fn close(self) {
         self.monitor.abort();
-        let close = async {
-            self.subscription.close().await;
-            if self.owns_connections {
+        let channel_closed = self.subscription.close(CLOSE_TIMEOUT).await;
+        if !channel_closed && !self.owns_connections {
+            tracing::warn!(
+                "the broker did not confirm a partition channel's close within \
+                 {CLOSE_TIMEOUT:?}; closing the shared connections so that it hands back \
+                 what the channel held"
+            );
+        }
+        if self.owns_connections || !channel_closed {
+            let close = async {
                 broker::close_connection(&self.consume, "shutdown").await;
                 broker::close_connection(&self.publish, "shutdown").await;
+            };
+            if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
+                tracing::warn!(
+                    "the broker did not answer the close within {CLOSE_TIMEOUT:?}; dropping the connections"
+                );
             }
-        };
-        if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
-            tracing::warn!(
-                "the broker did not answer the close within {CLOSE_TIMEOUT:?}; dropping the connections"
-            );
         }
     }
 }

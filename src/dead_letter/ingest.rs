@@ -275,7 +275,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                     None => break Some("the broker ended the subscription".to_owned()),
                 }
             };
-            subscription.close().await;
+            subscription.close(broker::CALL_TIMEOUT).await;
             broker::close_connection(&connection, "dead-letter ingester").await;
             match ended {
                 None => return Ok(()),

@@ -320,6 +320,35 @@ pub async fn queue_policy(queue: &str) -> Option<String> {
         })
 }
 
+/// Where the messages of the queues named `prefix...` are, for a failed wait
+/// to print: each queue's ready and unacked messages and its consumers, from
+/// `rabbitmqctl` (a message held unacked on a channel nobody reads shows here
+/// and nowhere else).
+pub async fn queue_report(prefix: &str) -> String {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_queues",
+            "-q",
+            "--no-table-headers",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+            "consumers",
+        ])
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    let rows: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .map(|line| line.replace('\t', " "))
+        .collect();
+    format!(
+        "queues (name ready unacked consumers):\n  {}",
+        rows.join("\n  ")
+    )
+}
+
 /// Runs the test's default consumer until `n` deliveries have settled (applied,
 /// duplicate or dead-lettered), stops it, and returns its counters.
 pub async fn consume_until<B: Backend>(
