@@ -102,6 +102,12 @@ impl<S: ConsumerStore> Consumer<S> {
             for (partition, task) in handing_over.drain(..) {
                 if task.is_finished() {
                     let _ = task.await;
+                    if running.contains_key(&partition) {
+                        // Taken again while it drained (its lease had expired
+                        // in an outage of the store): the lease is the new
+                        // consumer's, and giving it back would stop that one.
+                        continue;
+                    }
                     if let Err(e) = leaser.release(partition).await {
                         tracing::warn!(partition, error = %e, "cannot give the lease back; it will expire");
                     } else {
