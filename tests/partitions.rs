@@ -21,8 +21,8 @@ use warren::version::{Verdict, VersionMode};
 use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
 
 use crate::util::{
-    APPLIED_TABLE, Backend, Running, TestBroker, TestDb, amqp_url, queue_policy, queue_report,
-    wait_for,
+    APPLIED_TABLE, Backend, Running, TestBroker, TestDb, amqp_url, consumer_tags, queue_policy,
+    queue_report, wait_for,
 };
 
 on_all_backends!(
@@ -1170,6 +1170,155 @@ async fn a_missing_hash_exchange_plugin_stops_the_start_with_the_command_that_en
 /// under the leases: a second subscriber to a partition (an instance whose
 /// lease just expired) waits instead of running the same keys. Read off the
 /// broker's own description of the queues.
+/// Set once the slow update's handler has started; its handler then runs
+/// for [`SLOW_HANDLER`].
+static SLOW_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set once it has ended.
+static SLOW_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+const SLOW_HANDLER: Duration = Duration::from_secs(15);
+const SLOW_CUSTOMER: &str = "cus_slow";
+
+async fn slow_one(msg: Message<Update>, tx: &mut Tx<Postgres>) -> Result<(), HandlerError> {
+    if msg.payload.customer == SLOW_CUSTOMER {
+        SLOW_STARTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(SLOW_HANDLER).await;
+        SLOW_DONE.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    record(msg, tx).await
+}
+
+/// The store refuses lease statements for longer than the TTL while one
+/// partition runs a long handler: every partition stops, the idle one at once,
+/// the busy one once its handler finishes. The store comes back before that,
+/// and the instance takes both partitions again, the busy one while its old
+/// consumer still drains (its successor waits beside it, single active
+/// consumer). The old consumer finishing must not give back the lease its
+/// successor now holds: the successor would fail its next renewal and be
+/// stopped and replaced. It stays, and the partition consumes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_taken_again_while_it_drains_keeps_its_new_lease() {
+    let db = Postgres::create().await;
+    Postgres::exec(&db.store, APPLIED_TABLE.into()).await;
+    let broker = TestBroker::new().await;
+    let config = partitioned(&broker, 2);
+    let name = config.name().to_owned();
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        Registry::<Postgres>::new().route(UPDATE, 1, slow_one),
+    ));
+    let member = one_owner_of_all(&db.store, &broker, &config).await;
+    let busy = warren::partition::partition_of(SLOW_CUSTOMER.as_bytes(), 2);
+    let busy_queue = config.partition_queues()[busy as usize].clone();
+    let idle_queue = config.partition_queues()[1 - busy as usize].clone();
+    let first = consumer_tags(&busy_queue).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    let busy_lease = || async {
+        warren::store::Leases::leases(&db.store, &name)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .find(|l| l.partition == busy)
+    };
+
+    publish_all(&broker, &[update(SLOW_CUSTOMER, 1)]).await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            SLOW_STARTED.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await,
+        "the slow handler never started: {:?}",
+        running.stats.snapshot()
+    );
+    Postgres::exec(
+        &db.store,
+        "ALTER TABLE warren_partition_leases RENAME TO warren_partition_leases_away".into(),
+    )
+    .await;
+    // A whole TTL unrenewed: every partition stops; the idle one has nothing to
+    // drain and leaves its queue.
+    assert!(
+        wait_for(Duration::from_secs(15), || async {
+            broker.consumers(&idle_queue).await == 0
+        })
+        .await,
+        "the partitions did not stop with their leases unrenewed"
+    );
+    Postgres::exec(
+        &db.store,
+        "ALTER TABLE warren_partition_leases_away RENAME TO warren_partition_leases".into(),
+    )
+    .await;
+
+    // Taken again while the old consumer drains: a successor subscribes.
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            consumer_tags(&busy_queue).await.len() == 2
+        })
+        .await,
+        "the busy partition was not taken again while it drained: {:?}",
+        consumer_tags(&busy_queue).await
+    );
+    let both = consumer_tags(&busy_queue).await;
+    let successor = both
+        .difference(&first)
+        .next()
+        .cloned()
+        .unwrap_or_else(|| panic!("no successor beside the old consumer: {both:?}"));
+    assert!(
+        !SLOW_DONE.load(std::sync::atomic::Ordering::SeqCst),
+        "the slow handler ended before its partition was taken again: the test proves nothing"
+    );
+    // The old consumer drains and leaves; two lease rounds after that (its
+    // task is collected at the first), the successor is still the one.
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            consumer_tags(&busy_queue).await.len() == 1
+        })
+        .await,
+        "the old consumer never left: {:?}",
+        consumer_tags(&busy_queue).await
+    );
+    let renewed = busy_lease()
+        .await
+        .expect("the busy partition's lease")
+        .expires_ms;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            busy_lease()
+                .await
+                .is_some_and(|l| l.owner == member && l.expires_ms >= renewed + 1500)
+        })
+        .await,
+        "the busy partition's lease was not renewed: {:?}",
+        busy_lease().await
+    );
+    let tags = consumer_tags(&busy_queue).await;
+    assert_eq!(
+        tags,
+        BTreeSet::from([successor.clone()]),
+        "the successor was stopped and replaced after the old consumer drained"
+    );
+
+    // The partition consumes on: a second update of the slow customer is
+    // applied, after the first.
+    publish_all(&broker, &[update(SLOW_CUSTOMER, 2)]).await;
+    let stats = running.stats.clone();
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let s = stats.snapshot();
+            async move { s.applied >= 2 }
+        })
+        .await,
+        "{:?}",
+        running.stats.snapshot()
+    );
+    assert!(running.is_running());
+    running.stop().await.unwrap();
+    assert_eq!(applied(&db).await[SLOW_CUSTOMER], [1, 2]);
+    cleanup(db, broker, &[&config]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_partition_queue_has_a_single_active_consumer() {
     let db = Postgres::create().await;

@@ -1,7 +1,7 @@
 //! Private broker names per test, with helpers to publish and inspect queues,
 //! and a consumer running in the background of a test.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -318,6 +318,35 @@ pub async fn queue_policy(queue: &str) -> Option<String> {
             let (name, policy) = line.split_once('\t')?;
             (name == queue && !policy.trim().is_empty()).then(|| policy.trim().to_owned())
         })
+}
+
+/// The consumer tags subscribed to `queue`, waiting ones of a single-active-
+/// consumer queue included, from `rabbitmqctl`: a consumer stopped and
+/// replaced shows as a new tag.
+pub async fn consumer_tags(queue: &str) -> BTreeSet<String> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_consumers",
+            "-q",
+            "--no-table-headers",
+            "queue_name",
+            "consumer_tag",
+        ])
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl list_consumers: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (name, tag) = line.split_once('\t')?;
+            (name == queue).then(|| tag.trim().to_owned())
+        })
+        .collect()
 }
 
 /// Where the messages of the queues named `prefix...` are, for a failed wait
