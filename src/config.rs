@@ -48,6 +48,8 @@ pub const MAX_CONFLICT_RETRIES: u32 = 100;
 pub const MAX_BATCH_SIZE: usize = 1000;
 /// Default time in-flight messages get to finish after shutdown is requested.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default interval of the consumer's INFO line counting each outcome.
+pub const DEFAULT_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
 /// Default deadline of a suspect's solo run: past it, the run counts like a crash.
 pub const DEFAULT_SOLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default wait before returning a delivery whose outcome could not be recorded

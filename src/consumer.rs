@@ -162,13 +162,21 @@ impl<S: ConsumerStore> Consumer<S> {
             .inner
             .journal
             .start(self.inner.store.clone(), journal_stop.clone());
+        let summary = self
+            .inner
+            .telemetry
+            .summarize(self.inner.config.summary_interval, journal_stop.clone());
         let consumed = if self.inner.config.partitions.is_some() {
             self.consume_partitions(amqp_url, stop, permits).await
         } else {
             self.consume_queue(amqp_url, stop, permits).await
         };
-        // Drained: the journal writes what the last deliveries queued.
+        // Drained: the journal writes what the last deliveries queued, and
+        // the summary counts them.
         journal_stop.cancel();
+        if let Some(summary) = summary {
+            let _ = summary.await;
+        }
         if let Some(writer) = writer {
             let _ = tokio::time::timeout(Duration::from_secs(15), writer).await;
         }

@@ -136,6 +136,7 @@ pub mod handler;
 pub mod headers;
 mod idempotency;
 mod message;
+mod operator_input;
 #[cfg(feature = "otel")]
 pub mod otel;
 pub mod outbox;
@@ -174,7 +175,25 @@ pub mod admin {
         set_payload_fields, unstored_queue_name,
     };
     pub use crate::failure::DeadLetterReason;
-    pub use crate::printable::{printable, printable_bytes};
+    pub use crate::printable::{
+        printable, printable_bytes, printable_json, printable_json_pretty, printable_page,
+    };
+
+    /// Every value an operator gives the console or the CLI, checked
+    /// against one rule before any store sees it: see [`Rule`](input::Rule)
+    /// for the rules, [`InputError`](input::InputError) for a refusal.
+    ///
+    /// ```
+    /// use warren::admin::input;
+    ///
+    /// assert_eq!(input::group("group", "9f2c41d07a5be613").unwrap(), "9f2c41d07a5be613");
+    /// let refused = input::text("event_type", "billing\0paid").unwrap_err();
+    /// assert_eq!(refused.parameter, "event_type");
+    /// assert!(refused.to_string().contains("no control character"));
+    /// ```
+    pub mod input {
+        pub use crate::operator_input::*;
+    }
     pub use crate::relay_config::DEFAULT_RETENTION;
     pub use crate::retention::{
         DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox,

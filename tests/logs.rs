@@ -229,3 +229,80 @@ async fn each_outcome_is_logged_once_and_truthfully() {
     broker.cleanup().await;
     db.drop_db().await;
 }
+
+/// With each success at DEBUG, an operator reading INFO sees the consumer
+/// work through one line an interval that counts each outcome; the last
+/// interval's counts are logged when the consumer stops.
+#[tokio::test(flavor = "current_thread")]
+async fn an_info_summary_counts_each_outcome_per_interval() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter("info")
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = <sqlx::Sqlite as Backend>::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let config = broker
+        .builder()
+        .with_summary_interval(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let running = Running::start(Consumer::new(
+        config,
+        db.store.clone(),
+        routes::<sqlx::Sqlite>(),
+    ));
+    let messages: Vec<_> = (0..5).map(|_| TestBroker::message(&Job::ok())).collect();
+    for m in &messages {
+        broker.publish(m).await;
+    }
+    // Two copies of messages already sent: duplicates.
+    broker.publish(&messages[0]).await;
+    broker.publish(&messages[1]).await;
+    let summaries = |lines: &[Value]| -> (u64, u64, usize) {
+        let mine: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["fields"]["message"] == "messages processed since the last summary")
+            .collect();
+        let sum = |k: &str| mine.iter().map(|l| l["fields"][k].as_u64().unwrap()).sum();
+        (sum("applied"), sum("duplicate"), mine.len())
+    };
+    let seen = wait_for(Duration::from_secs(60), || {
+        let (applied, duplicates, _) = summaries(&captured.lines());
+        async move { applied == 5 && duplicates == 2 }
+    })
+    .await;
+    running.stop().await.unwrap();
+    let lines = captured.lines();
+    let (applied, duplicates, count) = summaries(&lines);
+    assert!(
+        seen,
+        "summaries counted {applied} applied, {duplicates} duplicates"
+    );
+    assert_eq!((applied, duplicates), (5, 2), "nothing counted twice");
+    for line in lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "messages processed since the last summary")
+    {
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(
+            line["fields"]["consumer_name"],
+            broker.name.as_str(),
+            "{line}"
+        );
+        assert_eq!(line["fields"]["dead_lettered"], 0, "{line}");
+    }
+    assert!(count >= 1);
+    // The successes themselves stay at DEBUG.
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "message processed"),
+        "no line per success at INFO"
+    );
+}

@@ -186,6 +186,15 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets how often the consumer logs one INFO line with the count of each
+    /// outcome since the last (default 60 s; zero for never). Each message's
+    /// own line is at DEBUG when it went well: this line is what shows the
+    /// service working at INFO.
+    pub fn with_summary_interval(mut self, interval: Duration) -> Self {
+        self.config.summary_interval = interval;
+        self
+    }
+
     /// Sets the share of the consumer timeout after which a still-running handler
     /// is logged as a warning (above 0, at most 1; default 0.5).
     pub fn with_timeout_warning_share(mut self, share: f64) -> Self {

@@ -81,6 +81,9 @@ pub struct ConsumerConfig {
     pub(crate) failure_backoff: Duration,
     /// How often queue depth and consumer counts are read for the metrics.
     pub(crate) queue_metrics_interval: Duration,
+    /// How often the consumer logs, at INFO, how many deliveries ended in
+    /// each outcome since the last such line; zero for never.
+    pub(crate) summary_interval: Duration,
     /// The broker's `consumer_timeout` (RabbitMQ's default is 30 minutes): a
     /// delivery unacked for that long makes the broker close the channel.
     pub(crate) consumer_timeout: Duration,
@@ -131,6 +134,7 @@ impl ConsumerConfig {
                 retry: RetryPolicy::default(),
                 failure_backoff: DEFAULT_FAILURE_BACKOFF,
                 queue_metrics_interval: Duration::from_secs(15),
+                summary_interval: DEFAULT_SUMMARY_INTERVAL,
                 consumer_timeout: Duration::from_secs(30 * 60),
                 timeout_warning_share: 0.5,
                 solo_timeout: DEFAULT_SOLO_TIMEOUT,

@@ -300,9 +300,25 @@ pub trait SqlDialect: Database {
     /// value (NULL if unknown); `None` where the database cannot say.
     const DEAD_LETTER_BYTES: Option<&'static str>;
 
-    /// The condition that a letter's payload has the top-level `field` equal
-    /// to `value` (as text, or as a number where `value` reads as one), its
-    /// placeholders taken from `next`; with the values to bind, in order.
+    /// The condition that text `column` equals one bound value byte for
+    /// byte (no case folding, no padding), its placeholders taken from
+    /// `next`; with how many times the value is bound.
+    fn text_equals(next: &mut dyn FnMut() -> String, column: &str) -> (String, usize) {
+        (format!("{column} = {}", next()), 1)
+    }
+
+    /// `column` as it sorts and compares by its bytes, whatever the
+    /// database's default collation.
+    fn binary(column: &str) -> String {
+        column.to_owned()
+    }
+
+    /// The condition that a letter's payload has `field` (a dotted path of
+    /// object keys) holding `value`: a JSON string equal to it byte for
+    /// byte, or, where `value` is written as a JSON number within the input
+    /// rules, a JSON number equal to it ([`number_texts`](crate::operator_input::number_texts)).
+    /// Its placeholders are taken from `next`; with the values to bind, in
+    /// order.
     fn payload_condition(
         next: &mut dyn FnMut() -> String,
         field: &str,
@@ -433,6 +449,7 @@ pub(crate) fn arity_in_order(sql: &str) -> usize {
 /// The SQL/JSON path of a payload field: `customerId`, or a dotted path into
 /// nested objects (`card.number`), each step quoted so that no name is read
 /// as path syntax.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn json_path(field: &str) -> String {
     let mut path = String::from("$");
     for step in field.split('.') {

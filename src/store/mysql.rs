@@ -300,21 +300,49 @@ impl SqlDialect for MySql {
     const INSERT_DEAD_LETTER: &'static str = "INSERT INTO warren_dead_letters (letter_id, consumer_name, queue_name, message_id, event_type, correlation_id, replay_id, reason, error, attempts, original_exchange, original_routing_key, first_failure, last_failure, fingerprint, group_key, headers, properties, body, body_truncated, payload, redacted_fields, entity, entity_version, state)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
-    /// No index: a scan of the letters the other filters leave.
+    /// `utf8mb4_bin` pads: `'a' = 'a '` holds. The lengths must agree too.
+    fn text_equals(next: &mut dyn FnMut() -> String, column: &str) -> (String, usize) {
+        (
+            format!(
+                "({column} = {} AND OCTET_LENGTH({column}) = OCTET_LENGTH({}))",
+                next(),
+                next()
+            ),
+            2,
+        )
+    }
+
+    /// The payload is kept as text, so `JSON_EXTRACT` gives a number's text
+    /// as stored: a number compares as the texts `serde_json` writes for
+    /// values equal to it. Compared as bytes: the connection's collation
+    /// folds case and pads.
     fn payload_condition(
         next: &mut dyn FnMut() -> String,
         field: &str,
         value: &str,
     ) -> (String, Vec<String>) {
-        let sql = format!(
-            "JSON_UNQUOTE(JSON_EXTRACT(payload, {})) = {}",
-            next(),
-            next()
+        let path = super::dialect::json_path(field);
+        let (p1, p2, v) = (next(), next(), next());
+        let mut sql = format!(
+            "(JSON_TYPE(JSON_EXTRACT(payload, {p1})) = 'STRING' \
+             AND CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, {p2})) AS BINARY) = CAST({v} AS BINARY))"
         );
-        (
-            sql,
-            vec![super::dialect::json_path(field), value.to_owned()],
-        )
+        let mut binds = vec![path.clone(), path.clone(), value.to_owned()];
+        if let Some(texts) = crate::operator_input::number_texts(value) {
+            let (p1, p2) = (next(), next());
+            let list: Vec<String> = texts
+                .iter()
+                .map(|_| format!("CAST({} AS BINARY)", next()))
+                .collect();
+            sql = format!(
+                "({sql} OR (JSON_TYPE(JSON_EXTRACT(payload, {p1})) IN ('INTEGER', 'DOUBLE') \
+                 AND CAST(JSON_EXTRACT(payload, {p2}) AS BINARY) IN ({})))",
+                list.join(", ")
+            );
+            binds.extend([path.clone(), path]);
+            binds.extend(texts);
+        }
+        (sql, binds)
     }
 
     fn lock_timeout_sql(lock_timeout: Option<std::time::Duration>) -> Option<String> {

@@ -406,8 +406,15 @@ impl SqlDialect for Postgres {
                  $19, $20, $21::jsonb, $22, $23, $24, $25)
          ON CONFLICT (letter_id) DO NOTHING";
 
+    /// `COLLATE "C"`: a database created with a language's collation
+    /// would otherwise sort `B` before `a`, unlike the other stores.
+    fn binary(column: &str) -> String {
+        format!("{column} COLLATE \"C\"")
+    }
+
     /// Containment (`@>`), which the payload's GIN index serves; a dotted
-    /// field nests one object per step.
+    /// field nests one object per step. A string matches only a string, a
+    /// `numeric` only a number, and numbers compare exactly.
     fn payload_condition(
         next: &mut dyn FnMut() -> String,
         field: &str,
@@ -425,7 +432,10 @@ impl SqlDialect for Postgres {
         let mut binds: Vec<String> = steps.iter().map(|s| (*s).to_owned()).collect();
         binds.push(value.to_owned());
         let text = contains("{}::text");
-        if value.parse::<f64>().is_ok_and(f64::is_finite) {
+        // Only a number within the input rules is cast: `1e-20000` would
+        // overflow `numeric`, and a number of more digits than a float
+        // holds would match differently here than on the other stores.
+        if crate::operator_input::number_texts(value).is_some() {
             let number = contains("({})::numeric");
             binds.extend(steps.iter().map(|s| (*s).to_owned()));
             binds.push(value.to_owned());

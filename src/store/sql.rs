@@ -205,6 +205,7 @@ pub(super) use shared_hooks;
 /// Writes, inside a dialect's `impl SqlDialect`, the outbox insert written
 /// once for all (one statement of numbered or positional placeholders for
 /// several rows): every dialect's but PostgreSQL's, which binds arrays.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 macro_rules! shared_outbox_insert {
     ($db:ty, $conn:ty) => {
         async fn insert_outbox<'c>(
@@ -215,6 +216,7 @@ macro_rules! shared_outbox_insert {
         }
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use shared_outbox_insert;
 
 /// Writes `impl $trait for SqlStore<D>` under the bounds every dialect meets for

@@ -313,21 +313,30 @@ impl SqlDialect for Sqlite {
                  ?19, ?20, ?21, ?22, ?23, ?24, ?25)
          ON CONFLICT (letter_id) DO NOTHING";
 
-    /// No index: a scan of the letters the other filters leave.
+    /// No index: a scan of the letters the other filters leave. `->` gives
+    /// a number's text as stored, so a number compares as the texts
+    /// `serde_json` writes for values equal to it.
     fn payload_condition(
         next: &mut dyn FnMut() -> String,
         field: &str,
         value: &str,
     ) -> (String, Vec<String>) {
-        let sql = format!(
-            "CAST(json_extract(payload, {}) AS TEXT) = {}",
-            next(),
-            next()
-        );
-        (
-            sql,
-            vec![super::dialect::json_path(field), value.to_owned()],
-        )
+        let path = super::dialect::json_path(field);
+        let (p1, p2, v) = (next(), next(), next());
+        let mut sql =
+            format!("(json_type(payload, {p1}) = 'text' AND json_extract(payload, {p2}) = {v})");
+        let mut binds = vec![path.clone(), path.clone(), value.to_owned()];
+        if let Some(texts) = crate::operator_input::number_texts(value) {
+            let (p1, p2) = (next(), next());
+            let list: Vec<String> = texts.iter().map(|_| next()).collect();
+            sql = format!(
+                "({sql} OR (json_type(payload, {p1}) IN ('integer', 'real') AND (payload -> {p2}) IN ({})))",
+                list.join(", ")
+            );
+            binds.extend([path.clone(), path]);
+            binds.extend(texts);
+        }
+        (sql, binds)
     }
 
     /// A failed statement in SQLite undoes only itself; the transaction stays

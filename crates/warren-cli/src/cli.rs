@@ -6,7 +6,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use warren::ConsumerConfig;
 use warren::admin::DatabaseUrl;
+use warren::admin::input;
 use warren::retry::{DEFAULT_POISON_LIMIT, RetryPolicy};
+use warren::store::PageAfter;
 use warren::topology::QueueType;
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -60,9 +62,10 @@ pub(crate) enum Command {
     /// resolve, purge, and the ingester that fills it.
     #[command(name = "dead-letters")]
     DeadLetters {
-        /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
-        database_url: DatabaseUrl,
+        /// postgres://..., mysql://... or sqlite://PATH, before or after the
+        /// subcommand (required). The password is never printed.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, value_parser = DatabaseUrlParser)]
+        database_url: Option<DatabaseUrl>,
         /// Your name, for the audit table; every command that changes
         /// something needs it. The OS user is recorded beside it.
         #[arg(long, env = "WARREN_OPERATOR", global = true)]
@@ -76,9 +79,10 @@ pub(crate) enum Command {
     Console(ConsoleArgs),
     /// The inbox in a database: retention.
     Inbox {
-        /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
-        database_url: DatabaseUrl,
+        /// postgres://..., mysql://... or sqlite://PATH, before or after the
+        /// subcommand (required). The password is never printed.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, value_parser = DatabaseUrlParser)]
+        database_url: Option<DatabaseUrl>,
         #[command(subcommand)]
         command: InboxCommand,
     },
@@ -88,6 +92,7 @@ pub(crate) enum Command {
     /// with whether each was published. From the databases alone.
     Trace {
         /// The message id.
+        #[arg(value_parser = checked("MESSAGE_ID", input::message_id))]
         message_id: String,
         /// postgres://..., mysql://... or sqlite://PATH; repeat it to look in
         /// several services' databases (each is searched for every message
@@ -109,9 +114,10 @@ pub(crate) enum Command {
     Doctor(Box<crate::doctor::DoctorArgs>),
     /// The transactional outbox in a database.
     Outbox {
-        /// postgres://..., mysql://... or sqlite://PATH. The password is never printed.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
-        database_url: DatabaseUrl,
+        /// postgres://..., mysql://... or sqlite://PATH, before or after the
+        /// subcommand (required). The password is never printed.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, value_parser = DatabaseUrlParser)]
+        database_url: Option<DatabaseUrl>,
         #[command(subcommand)]
         command: OutboxCommand,
     },
@@ -166,8 +172,8 @@ pub(crate) enum DeadLettersCommand {
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// Where the page starts: the `--after` value the previous page printed.
-        #[arg(long)]
-        after: Option<String>,
+        #[arg(long, value_parser = checked("--after", input::cursor))]
+        after: Option<PageAfter>,
         /// One JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
@@ -176,6 +182,7 @@ pub(crate) enum DeadLettersCommand {
     /// journaled outcome of each replay.
     Show {
         /// The letter id.
+        #[arg(value_parser = checked("LETTER", input::hex_id))]
         letter: String,
         /// Print the payload too. Payloads may hold personal data.
         #[arg(long)]
@@ -214,12 +221,13 @@ pub(crate) enum DeadLettersCommand {
     /// envelope, or sets fields. The original is kept; the edit is audited.
     Edit {
         /// The letter id.
+        #[arg(value_parser = checked("LETTER", input::hex_id))]
         letter: String,
         /// Set a payload field (dotted path), e.g. --set amount=12.50 (repeat).
-        #[arg(long = "set", value_parser = parse_field)]
+        #[arg(long = "set", value_parser = field("--set"))]
         sets: Vec<(String, String)>,
         /// Why: recorded with the edit.
-        #[arg(long)]
+        #[arg(long, value_parser = checked("--reason", input::note))]
         reason: String,
     },
     /// Mark letters dealt with.
@@ -232,14 +240,14 @@ pub(crate) enum DeadLettersCommand {
         #[command(flatten)]
         which: LetterWhich,
         /// The group to move them into.
-        #[arg(long, value_parser = parse_group)]
+        #[arg(long, value_parser = checked("--to", input::group))]
         to: String,
     },
     /// Leave a group out of the alerting metrics for a while, or until it
     /// grows; still listed, marked muted.
     Mute {
         /// The group.
-        #[arg(long)]
+        #[arg(long, value_parser = checked("--group", input::group))]
         group: String,
         /// For this long, e.g. 4h.
         #[arg(long = "for", value_parser = warren::retry::parse_delay)]
@@ -248,13 +256,13 @@ pub(crate) enum DeadLettersCommand {
         #[arg(long)]
         grows_by: Option<u64>,
         /// Why.
-        #[arg(long, default_value = "")]
+        #[arg(long, default_value = "", value_parser = checked("--reason", input::note))]
         reason: String,
     },
     /// Lift a group's mute.
     Unmute {
         /// The group.
-        #[arg(long)]
+        #[arg(long, value_parser = checked("--group", input::group))]
         group: String,
     },
     /// Delete letters for good: resolved and replayed ones older than a
@@ -315,31 +323,31 @@ pub(crate) struct FilterArgs {
     #[arg(long, default_value = "unresolved", value_parser = parse_state)]
     pub(crate) state: Option<warren::store::LetterState>,
     /// Of this consumer.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--consumer", input::text))]
     pub(crate) consumer: Option<String>,
     /// Of this event type.
-    #[arg(long = "type")]
+    #[arg(long = "type", value_parser = checked("--type", input::text))]
     pub(crate) event_type: Option<String>,
     /// Dead-lettered for this reason.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--reason", input::reason))]
     pub(crate) reason: Option<String>,
     /// In this group.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--group", input::group))]
     pub(crate) group: Option<String>,
     /// Failed at or after this: RFC 3339, a date (2026-12-01), or an age (2h).
-    #[arg(long, value_parser = parse_when)]
+    #[arg(long, value_parser = when("--since"))]
     pub(crate) since: Option<chrono::DateTime<chrono::Utc>>,
     /// Failed before this: as --since.
-    #[arg(long, value_parser = parse_when)]
+    #[arg(long, value_parser = when("--until"))]
     pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
     /// With this message id.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--message-id", input::message_id))]
     pub(crate) message_id: Option<String>,
     /// With this correlation id.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--correlation-id", input::text))]
     pub(crate) correlation_id: Option<String>,
     /// Whose payload has field=value (a dotted path), e.g. customerId=cus_123.
-    #[arg(long, value_parser = parse_field)]
+    #[arg(long, value_parser = field("--field"))]
     pub(crate) field: Option<(String, String)>,
 }
 
@@ -366,10 +374,10 @@ impl FilterArgs {
 #[group(required = true, multiple = false)]
 pub(crate) struct LetterWhich {
     /// This letter id.
-    #[arg(long = "id")]
+    #[arg(long = "id", value_parser = checked("--id", input::hex_id))]
     pub(crate) id: Option<String>,
     /// Every unresolved letter of this group.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--group", input::group))]
     pub(crate) group: Option<String>,
 }
 
@@ -388,13 +396,13 @@ impl LetterWhich {
 #[group(required = true, multiple = false)]
 pub(crate) struct ReplayWhich {
     /// This letter id (unresolved or not).
-    #[arg(long = "id")]
+    #[arg(long = "id", value_parser = checked("--id", input::hex_id))]
     pub(crate) id: Option<String>,
     /// The unresolved letters of this group, as they are when it starts.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--group", input::group))]
     pub(crate) group: Option<String>,
     /// Go on with an interrupted run, where it stopped.
-    #[arg(long)]
+    #[arg(long, value_parser = checked("--resume", input::hex_id))]
     pub(crate) resume: Option<String>,
 }
 
@@ -411,50 +419,52 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// `field=value`, the field a dotted path.
-fn parse_field(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((field, value))
-            if !field.is_empty() && field.split('.').all(|step| !step.is_empty()) =>
-        {
-            Ok((field.to_owned(), value.to_owned()))
-        }
-        _ => Err(format!("{s:?}: use field=value, e.g. customerId=cus_123")),
-    }
+/// A value parser that checks a flag's value by its input rule, the
+/// refusal naming the flag (clap exits 2 with it).
+fn checked<T: Clone + Send + Sync + 'static>(
+    flag: &'static str,
+    check: fn(&str, &str) -> Result<T, input::InputError>,
+) -> impl Fn(&str) -> Result<T, String> + Clone {
+    move |s| check(flag, s).map_err(|e| e.to_string())
 }
 
-/// A group key as stored: 1 to 64 of a-z, A-Z, 0-9, `.`, `_`, `-`.
-fn parse_group(s: &str) -> Result<String, String> {
-    let ok = (1..=64).contains(&s.len())
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
-            "{s:?}: a group is 1 to 64 letters, digits, '.', '_' or '-'"
+/// `field=value`: the field a dotted path, each by its rule.
+fn field(flag: &'static str) -> impl Fn(&str) -> Result<(String, String), String> + Clone {
+    move |s| {
+        let (field, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{flag}: use field=value, e.g. customerId=cus_123"))?;
+        Ok((
+            input::field_path(flag, field).map_err(|e| e.to_string())?,
+            input::field_value(flag, value).map_err(|e| e.to_string())?,
         ))
     }
 }
 
 /// A point in time: RFC 3339, a date (midnight UTC), or an age before now
-/// (2h, 7d).
-fn parse_when(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
-        return Ok(t.with_timezone(&chrono::Utc));
+/// (2h, 7d); within the time rule.
+fn when(
+    flag: &'static str,
+) -> impl Fn(&str) -> Result<chrono::DateTime<chrono::Utc>, String> + Clone {
+    move |s| {
+        if let Ok(age) = warren::retry::parse_delay(s) {
+            let t = chrono::Duration::from_std(age)
+                .ok()
+                .and_then(|age| chrono::Utc::now().checked_sub_signed(age))
+                .ok_or_else(|| format!("{flag}: {s:?} is further back than any date"))?;
+            return input::instant(flag, t).map_err(|e| e.to_string());
+        }
+        input::time(flag, s).map_err(|e| {
+            if e.problem.contains("is not a time") {
+                format!(
+                    "{flag}: use RFC 3339 (2026-12-01T08:00:00Z), a date (2026-12-01) or an age \
+                     (2h, 7d)"
+                )
+            } else {
+                e.to_string()
+            }
+        })
     }
-    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
-        return Ok(d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc());
-    }
-    let age = warren::retry::parse_delay(s).map_err(|_| {
-        format!(
-            "{s:?}: use RFC 3339 (2026-12-01T08:00:00Z), a date (2026-12-01) or an age (2h, 7d)"
-        )
-    })?;
-    chrono::Duration::from_std(age)
-        .ok()
-        .and_then(|age| chrono::Utc::now().checked_sub_signed(age))
-        .ok_or_else(|| format!("{s:?} is further back than any date"))
 }
 
 #[derive(Subcommand)]
@@ -555,6 +565,11 @@ pub(crate) struct ConsumerArgs {
     /// A topic exchange the handlers publish to through the outbox (repeat).
     #[arg(long = "publishes-to")]
     pub(crate) publishes_to: Vec<String>,
+    /// A stand-in queue for a downstream consumer, as the consumer declares
+    /// it with `with_stand_in_queue`: EXCHANGE:QUEUE:BINDING_KEY (repeat).
+    /// Declared, shown and deleted with the rest.
+    #[arg(long = "stand-in", value_parser = parse_stand_in)]
+    pub(crate) stand_ins: Vec<(String, String, String)>,
     /// Partition the consumer into this many queues (QUEUE.0 ..), fed by a
     /// consistent-hash exchange; needs --partition-exchange.
     #[arg(long, requires = "partition_exchange")]
@@ -637,6 +652,19 @@ pub(crate) struct Which {
     pub(crate) all: bool,
 }
 
+/// `EXCHANGE:QUEUE:BINDING_KEY` (the key may hold `:`).
+fn parse_stand_in(s: &str) -> Result<(String, String, String), String> {
+    let mut parts = s.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(e), Some(q), Some(k)) if !e.is_empty() && !q.is_empty() && !k.is_empty() => {
+            Ok((e.to_owned(), q.to_owned(), k.to_owned()))
+        }
+        _ => Err(format!(
+            "{s:?}: use EXCHANGE:QUEUE:BINDING_KEY, e.g. billing.events:billing.recorded:billing.recorded.*"
+        )),
+    }
+}
+
 fn parse_queue_type(s: &str) -> Result<QueueType, String> {
     s.parse::<QueueType>().map_err(|e| e.reason().to_owned())
 }
@@ -673,6 +701,9 @@ impl ConsumerArgs {
         }
         for exchange in &self.publishes_to {
             config = config.publishes_to(exchange);
+        }
+        for (exchange, queue, key) in &self.stand_ins {
+            config = config.with_stand_in_queue(exchange, queue, key);
         }
         if let (Some(n), Some(exchange)) = (self.partitions, &self.partition_exchange) {
             config = config.partitioned(exchange, n);

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use warren::admin::{
-    CopyOutcome, Ingester, ReplayError, Replayer, edit_letter, printable, purge_letters,
-    replays_with_outcomes, set_payload_fields,
+    CopyOutcome, Ingester, ReplayError, Replayer, edit_letter, printable, printable_json,
+    purge_letters, replays_with_outcomes, set_payload_fields,
 };
 use warren::store::{
     Actor, DeadLetterGroup, DeadLetterStore, GroupMute, Journal, JournalEntry, LetterFilter,
@@ -64,7 +64,6 @@ where
             after,
             json,
         } => {
-            let after = after.as_deref().map(parse_after).transpose()?;
             let letters = store
                 .dead_letters(&filter.filter(), after.as_ref(), limit)
                 .await
@@ -439,7 +438,7 @@ async fn show<S: DeadLetterStore + Journal>(
                 })
             })
             .collect();
-        println!("{v}");
+        println!("{}", printable_json(&v));
         return Ok(());
     }
     println!("letter:      {}", l.letter_id);
@@ -528,7 +527,7 @@ fn print_groups(groups: &[DeadLetterGroup], mutes: &[GroupMute], json: bool) {
                 "type": g.event_type, "reason": g.reason, "sampleError": g.sample_error,
                 "muted": muted(g).is_some(),
             });
-            println!("{v}");
+            println!("{}", printable_json(&v));
         }
         return;
     }
@@ -555,7 +554,7 @@ fn print_groups(groups: &[DeadLetterGroup], mutes: &[GroupMute], json: bool) {
 fn print_list(letters: &[StoredDeadLetter], limit: u32, json: bool) {
     if json {
         for l in letters {
-            println!("{}", letter_json(l));
+            println!("{}", printable_json(&letter_json(l)));
         }
     } else {
         println!(
@@ -607,15 +606,6 @@ fn mute_text(m: &GroupMute) -> String {
         ));
     }
     parts.join(" or ")
-}
-
-/// `--after TIME,LETTER` as `list` printed it.
-fn parse_after(s: &str) -> Result<PageAfter, CliError> {
-    PageAfter::from_cursor(s).ok_or_else(|| {
-        CliError::Usage(format!(
-            "--after {s:?}: use the value the previous page printed"
-        ))
-    })
 }
 
 fn time(t: DateTime<Utc>) -> String {

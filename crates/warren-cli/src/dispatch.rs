@@ -104,7 +104,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Outbox {
             database_url,
             command,
-        } => with_store!(&database_url, |store| run_outbox(&store, command))?,
+        } => with_store!(&required(database_url)?, |store| run_outbox(
+            &store, command
+        ))?,
         Command::Trace {
             message_id,
             database_urls,
@@ -114,7 +116,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inbox {
             database_url,
             command,
-        } => with_store!(&database_url, |store| run_inbox(&store, command))?,
+        } => with_store!(&required(database_url)?, |store| run_inbox(&store, command))?,
         Command::Console(args) => {
             let config = console_config(&args, &cli.amqp_url, tls)?;
             config
@@ -143,12 +145,25 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
                 amqp_url: cli.amqp_url.clone(),
                 tls,
             };
-            with_store!(&database_url, |store| run_dead_letters(
+            with_store!(&required(database_url)?, |store| run_dead_letters(
                 &store, operator, command, &broker
             ))?;
         }
     }
     Ok(())
+}
+
+/// `--database-url` of a command group: a global flag, so that it may come
+/// after the subcommand, and so optional to clap (a global flag cannot be
+/// required); required here.
+fn required(url: Option<DatabaseUrl>) -> Result<DatabaseUrl, CliError> {
+    url.ok_or_else(|| {
+        CliError::Usage(
+            "this command needs --database-url postgres://..., mysql://... or sqlite://PATH \
+             (or DATABASE_URL)"
+                .into(),
+        )
+    })
 }
 
 /// The console's configuration from its flags; a bad value names the flag.

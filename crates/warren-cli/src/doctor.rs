@@ -117,9 +117,8 @@ pub(crate) async fn run_doctor(
         report.extend(database(url, &expect).await);
     }
     if args.json {
-        let json = serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
-        println!("{json}");
+        // A report quotes the broker's and the database's answers.
+        println!("{}", warren::admin::printable_json_pretty(&report));
     } else {
         print!("{}", report.text());
     }

@@ -110,10 +110,7 @@ pub(crate) async fn run_trace(
     let mut seen = HashSet::new();
     let tree = trace(&dbs, message_id, follow, 0, &mut seen).await?;
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&tree).expect("JSON values serialize")
-        );
+        println!("{}", warren::admin::printable_json_pretty(&tree));
     } else {
         let mut out = String::new();
         render(&tree, 0, &mut out);

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use serde::Deserialize;
+use warren::admin::input::{self, InputError};
 use warren::admin::{
     DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, purge_letters, set_payload_fields,
 };
@@ -18,7 +19,7 @@ use warren::broker::close_connection;
 use warren::lapin::Connection;
 use warren::store::{Actor, DeadLetterRecord, LetterFilter, LetterState};
 
-use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, cookie, posted};
+use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, check_login, cookie, posted};
 use crate::pages::LoginPage;
 use crate::server::{ConsoleStore, Failed, Shared, failure, refused, render};
 use crate::view::encode;
@@ -33,8 +34,12 @@ pub(crate) struct LoginForm {
 /// `SameSite=Strict`, so another site's form never carries it.
 pub(crate) async fn login<S: ConsoleStore>(
     State(app): State<Shared<S>>,
+    headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
+    if let Err(r) = check_login(&app.config, &headers) {
+        return refused(r, false);
+    }
     let Some(tokens) = &app.config.tokens else {
         return failure(
             StatusCode::NOT_FOUND,
@@ -118,6 +123,30 @@ pub(crate) struct ActForm {
     pub(crate) run: String,
     #[serde(default)]
     pub(crate) confirmed: String,
+}
+
+/// Every field the form sets, by its input rule, before anything is shown
+/// or done: a refused form changes nothing.
+fn check(form: &ActForm) -> Result<(), InputError> {
+    let given = |v: &str| !v.trim().is_empty();
+    if given(&form.letter) {
+        input::hex_id("letter", &form.letter)?;
+    }
+    if given(&form.group) {
+        input::group("group", &form.group)?;
+    }
+    if given(&form.new_group) {
+        input::group("new_group", form.new_group.trim())?;
+    }
+    if given(&form.run) {
+        input::hex_id("run", &form.run)?;
+    }
+    if given(&form.field) {
+        input::field_path("field", form.field.trim())?;
+    }
+    input::field_value("value", &form.value)?;
+    input::note("reason", form.reason.trim())?;
+    Ok(())
 }
 
 /// What an action does, in words for its confirmation page.
@@ -254,6 +283,9 @@ pub(crate) async fn act<S: ConsoleStore>(
              or with --operator NAME on loopback",
         );
     };
+    if let Err(e) = check(&form) {
+        return Failed::from(e).into_response();
+    }
     let what = match describe(&form) {
         Ok(w) => w,
         Err(e) => return failure(StatusCode::BAD_REQUEST, &e),

@@ -304,6 +304,29 @@ pub(crate) fn check_form(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Re
     if viewer.bearer {
         return Ok(());
     }
+    same_origin(headers)?;
+    if viewer.csrf.is_empty() || !bool::from(viewer.csrf.as_bytes().ct_eq(csrf.as_bytes())) {
+        tracing::warn!("refused a form without this session's CSRF token");
+        return Err(Refusal::Forged);
+    }
+    Ok(())
+}
+
+/// Refuses a login posted from another site: the victim's browser would
+/// otherwise be logged in as the attacker's operator, and what they did
+/// audited under that name. No session exists yet, so no CSRF token can be
+/// asked for; the host and the origin can.
+pub(crate) fn check_login(config: &ConsoleConfig, headers: &HeaderMap) -> Result<(), Refusal> {
+    if !host_allowed(config, headers) {
+        tracing::warn!(host = ?headers.get(HOST), "refused a login for another host name");
+        return Err(Refusal::Forged);
+    }
+    same_origin(headers)
+}
+
+/// Refuses a request a browser says another site sent (`Sec-Fetch-Site`),
+/// or whose `Origin` is not this host (`Origin: null` included).
+fn same_origin(headers: &HeaderMap) -> Result<(), Refusal> {
     if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
         && site != "same-origin"
         && site != "none"
@@ -325,10 +348,6 @@ pub(crate) fn check_form(viewer: &Viewer, headers: &HeaderMap, csrf: &str) -> Re
             tracing::warn!(?origin, ?host, "refused a form from another origin");
             return Err(Refusal::Forged);
         }
-    }
-    if viewer.csrf.is_empty() || !bool::from(viewer.csrf.as_bytes().ct_eq(csrf.as_bytes())) {
-        tracing::warn!("refused a form without this session's CSRF token");
-        return Err(Refusal::Forged);
     }
     Ok(())
 }

@@ -2,12 +2,12 @@
 //! form. (Search is in `search`.)
 
 use askama::Template;
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde::Deserialize;
+use warren::admin::input;
 use warren::admin::replays_with_outcomes;
 use warren::store::{Actor, JournalEntry, LetterFilter};
 
@@ -152,6 +152,7 @@ pub(crate) async fn letter<S: ConsoleStore>(
     Path(id): Path<String>,
     Query(reveal): Query<Reveal>,
 ) -> Result<Response, Failed> {
+    let id = input::hex_id("letter", &id)?;
     let record = app
         .store
         .dead_letter(&id)
@@ -255,6 +256,7 @@ pub(crate) async fn run<S: ConsoleStore>(
     Page(viewer): Page,
     Path(id): Path<String>,
 ) -> Result<Response, Failed> {
+    let id = input::hex_id("run", &id)?;
     let run = app
         .store
         .replay_run(&id)
@@ -278,18 +280,24 @@ pub(crate) async fn run_progress<S: ConsoleStore>(
     if let Err(r) = viewer(&app.config, &app.sessions, &headers) {
         return Ok(refused(r, false));
     }
+    let id = input::hex_id("run", &id)?;
     let run = app
         .store
         .replay_run(&id)
         .await?
         .ok_or_else(|| Failed::not_found("replay run"))?;
-    Ok(Json(serde_json::json!({
+    // The stop reason can quote a handler's error.
+    let progress = serde_json::json!({
         "total": run.total,
         "published": run.published,
         "state": run.state,
         "stopReason": run.stop_reason,
-    }))
-    .into_response())
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        warren::admin::printable_json(&progress),
+    )
+        .into_response())
 }
 
 #[derive(Template)]

@@ -4,8 +4,10 @@ use askama::Template;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
+use warren::admin::input::{self, InputError};
+use warren::admin::printable;
 use warren::store::{LetterFilter, LetterState, PageAfter};
 
 use crate::auth::Viewer;
@@ -44,68 +46,61 @@ pub(crate) struct Search {
     pub(crate) after: String,
 }
 
-fn set(s: &str) -> Option<String> {
+fn set(s: &str) -> Option<&str> {
     let s = s.trim();
-    (!s.is_empty()).then(|| s.to_owned())
+    (!s.is_empty()).then_some(s)
 }
 
-/// A time from the search form: RFC 3339, a `datetime-local` value or a
-/// date, read as UTC.
-fn parse_time(s: &str) -> Result<Option<DateTime<Utc>>, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(None);
-    }
-    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Ok(Some(t.with_timezone(&Utc)));
-    }
-    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"] {
-        if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
-            return Ok(Some(t.and_utc()));
-        }
-    }
-    if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
-        return Ok(d.and_hms_opt(0, 0, 0).map(|t| t.and_utc()));
-    }
-    Err(format!(
-        "{s:?} is not a time: use 2026-12-02, 2026-12-02T17:30 or RFC 3339 (UTC)"
-    ))
+/// `check` on the field named `name`, if it is set.
+fn checked<T>(
+    name: &str,
+    raw: &str,
+    check: fn(&str, &str) -> Result<T, InputError>,
+) -> Result<Option<T>, InputError> {
+    set(raw).map(|v| check(name, v)).transpose()
 }
 
 impl Search {
+    /// The filter the form asks for, each field checked by its rule.
     fn filter(&self) -> Result<LetterFilter, String> {
         let state = match self.state.trim() {
             "" => LetterState::Unresolved,
             name => LetterState::from_name(name).ok_or_else(|| {
-                format!("{name:?} is not a state: unresolved, replayed or resolved")
+                format!(
+                    "state: {} is not a state: unresolved, replayed or resolved",
+                    printable(name)
+                )
             })?,
         };
-        let payload_field = match (set(&self.field), set(&self.value)) {
-            (Some(f), Some(v)) => Some((f, v)),
-            (None, None) => None,
-            _ => return Err("a payload search needs both a field and a value".into()),
+        let checked_filter = || -> Result<LetterFilter, InputError> {
+            let payload_field = match (set(&self.field), set(&self.value)) {
+                (Some(f), Some(v)) => Some((
+                    input::field_path("field", f)?,
+                    input::field_value("value", v)?,
+                )),
+                _ => None,
+            };
+            Ok(LetterFilter {
+                state,
+                event_type: checked("event_type", &self.event_type, input::text)?,
+                reason: checked("reason", &self.reason, input::reason)?,
+                group: checked("group", &self.group, input::group)?,
+                since: checked("since", &self.since, input::time)?,
+                until: checked("until", &self.until, input::time)?,
+                message_id: checked("message_id", &self.message_id, input::message_id)?,
+                correlation_id: checked("correlation_id", &self.correlation_id, input::text)?,
+                payload_field,
+                ..LetterFilter::default()
+            })
         };
-        Ok(LetterFilter {
-            state,
-            event_type: set(&self.event_type),
-            reason: set(&self.reason),
-            group: set(&self.group),
-            since: parse_time(&self.since)?,
-            until: parse_time(&self.until)?,
-            message_id: set(&self.message_id),
-            correlation_id: set(&self.correlation_id),
-            payload_field,
-            ..LetterFilter::default()
-        })
+        if set(&self.field).is_some() != set(&self.value).is_some() {
+            return Err("a payload search needs both a field and a value".into());
+        }
+        checked_filter().map_err(|e| e.to_string())
     }
 
     fn after(&self) -> Result<Option<PageAfter>, String> {
-        set(&self.after)
-            .map(|cursor| {
-                PageAfter::from_cursor(&cursor)
-                    .ok_or_else(|| "the page link is damaged: start the search again".to_owned())
-            })
-            .transpose()
+        checked("after", &self.after, input::cursor).map_err(|e| e.to_string())
     }
 
     /// The link to the same search, from `after` on.
@@ -210,23 +205,40 @@ mod tests {
         };
         let after = PageAfter {
             last_failure: Utc::now(),
-            letter_id: "L1".into(),
+            letter_id: "0123456789abcdef0123456789abcdef".into(),
         };
         let link = search.link_after(&after);
         let query = link.strip_prefix("/letters?").unwrap();
         let back: Search = serde_urlencoded::from_str(query).unwrap();
         assert_eq!(back.group, "a b&c");
         assert_eq!(back.value, "cus_1");
-        assert_eq!(back.after().unwrap().unwrap().letter_id, "L1");
+        assert_eq!(
+            back.after().unwrap().unwrap().letter_id,
+            "0123456789abcdef0123456789abcdef"
+        );
         assert!(!query.contains("state="), "unset fields stay out: {query}");
     }
 
     #[test]
-    fn times_read_as_the_form_sends_them() {
-        assert!(parse_time("2026-12-02").unwrap().is_some());
-        assert!(parse_time("2026-12-02T17:30").unwrap().is_some());
-        assert!(parse_time("2026-12-02T17:30:00Z").unwrap().is_some());
-        assert_eq!(parse_time(" ").unwrap(), None);
-        assert!(parse_time("yesterday").unwrap_err().contains("not a time"));
+    fn each_field_is_checked_by_its_rule_and_named() {
+        let search = |f: fn(&mut Search)| {
+            let mut s = Search::default();
+            f(&mut s);
+            s.filter()
+        };
+        assert!(search(|s| s.since = "2026-12-02T17:30".into()).is_ok());
+        assert!(search(|s| s.since = " ".into()).unwrap().since.is_none());
+        let refused = search(|s| s.since = "+10000-01-01".into()).unwrap_err();
+        assert!(refused.starts_with("since: "), "{refused}");
+        let refused = search(|s| s.group = "é".into()).unwrap_err();
+        assert!(refused.starts_with("group: "), "{refused}");
+        let refused = search(|s| s.message_id = "a\0b".into()).unwrap_err();
+        assert!(refused.starts_with("message_id: "), "{refused}");
+        let refused = search(|s| {
+            s.field = "amount".into();
+            s.value = "1e-20000".into();
+        })
+        .unwrap_err();
+        assert!(refused.starts_with("value: "), "{refused}");
     }
 }

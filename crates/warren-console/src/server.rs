@@ -192,10 +192,12 @@ async fn secure_headers(mut response: Response) -> Response {
     response
 }
 
-/// A page rendered, or the error that stopped it.
+/// A page rendered, or the error that stopped it. The templates escape
+/// HTML; a control or bidirectional character from a message is shown as
+/// `\u{..}` too, as the CLI prints it, so that no id can pass for another.
 pub(crate) fn render(page: &impl Template) -> Response {
     match page.render() {
-        Ok(html) => Html(html).into_response(),
+        Ok(html) => Html(warren::admin::printable_page(&html).into_owned()).into_response(),
         Err(e) => failure(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("cannot render: {e}"),
@@ -230,6 +232,14 @@ pub(crate) enum Failed {
 impl Failed {
     pub(crate) fn not_found(what: &str) -> Self {
         Self::Status(StatusCode::NOT_FOUND, format!("no {what} with this id"))
+    }
+}
+
+/// A value that breaks its input rule: 400, naming the parameter and the
+/// rule.
+impl From<warren::admin::input::InputError> for Failed {
+    fn from(e: warren::admin::input::InputError) -> Self {
+        Self::Status(StatusCode::BAD_REQUEST, e.to_string())
     }
 }
 

@@ -55,6 +55,19 @@ impl<D: Dialect> Conditions<D> {
         self.binds.push(value);
     }
 
+    /// `column` equal to `value`, byte for byte, on every dialect.
+    fn push_text_equals(&mut self, column: &str, value: &str) {
+        let mut n = self.binds.len();
+        let mut next = || {
+            n += 1;
+            D::numbered_placeholder(n).unwrap_or_else(|| "?".to_owned())
+        };
+        let (sql, count) = D::text_equals(&mut next, column);
+        self.sql.push(sql);
+        self.binds
+            .extend((0..count).map(|_| Bind::Text(value.to_owned())));
+    }
+
     fn of(filter: &LetterFilter) -> Self {
         let mut c = Self::new();
         c.filter(filter);
@@ -73,24 +86,24 @@ impl<D: Dialect> Conditions<D> {
         let c = self;
         c.push("state =", Bind::Text(filter.state.as_str().to_owned()));
         let texts = [
-            ("consumer_name =", &filter.consumer),
-            ("event_type =", &filter.event_type),
-            ("reason =", &filter.reason),
-            ("group_key =", &filter.group),
-            ("message_id =", &filter.message_id),
-            ("correlation_id =", &filter.correlation_id),
-            ("letter_id =", &filter.letter_id),
+            ("consumer_name", &filter.consumer),
+            ("event_type", &filter.event_type),
+            ("reason", &filter.reason),
+            ("group_key", &filter.group),
+            ("message_id", &filter.message_id),
+            ("correlation_id", &filter.correlation_id),
+            ("letter_id", &filter.letter_id),
         ];
-        for (column_op, value) in texts {
+        for (column, value) in texts {
             if let Some(v) = value {
-                c.push(column_op, Bind::Text(v.clone()));
+                c.push_text_equals(column, v);
             }
         }
         if let Some(t) = filter.since {
-            c.push("last_failure >=", Bind::Time(D::time(t)));
+            c.push("last_failure >=", Bind::Time(letter_time::<D>(t)));
         }
         if let Some(t) = filter.until {
-            c.push("last_failure <", Bind::Time(D::time(t)));
+            c.push("last_failure <", Bind::Time(letter_time::<D>(t)));
         }
         if let Some((field, value)) = &filter.payload_field {
             let mut n = c.binds.len();
@@ -126,8 +139,8 @@ shared_impl! {
                 .bind(i64::from(l.attempts))
                 .bind(l.original_exchange.as_str())
                 .bind(l.original_routing_key.as_str())
-                .bind(D::time(l.first_failure))
-                .bind(D::time(l.last_failure))
+                .bind(letter_time::<D>(l.first_failure))
+                .bind(letter_time::<D>(l.last_failure))
                 .bind(l.fingerprint.as_str())
                 .bind(l.fingerprint.as_str())
                 .bind(l.headers.as_str())
@@ -155,13 +168,13 @@ shared_impl! {
             // again, with its new failure.
             let mut c = Conditions::<D>::new();
             let state = c.value(Bind::Text(LetterState::Unresolved.as_str().to_owned()));
-            let last = c.value(Bind::Time(D::time(l.last_failure)));
+            let last = c.value(Bind::Time(letter_time::<D>(l.last_failure)));
             let error = c.value(Bind::Text(l.error.clone()));
             let attempts = c.value(Bind::Int(i64::from(l.attempts)));
             let at = c.value(Bind::Time(D::time(Utc::now())));
             c.push("letter_id =", Bind::Text(l.letter_id.clone()));
             c.push("state <>", Bind::Text(LetterState::Unresolved.as_str().to_owned()));
-            c.push("last_failure <", Bind::Time(D::time(l.last_failure)));
+            c.push("last_failure <", Bind::Time(letter_time::<D>(l.last_failure)));
             let sql = format!(
                 "UPDATE warren_dead_letters
                  SET state = {state}, last_failure = {last}, error = {error}, attempts = {attempts},
@@ -182,13 +195,17 @@ shared_impl! {
             let limit_ph = c.next();
             c.binds.push(Bind::Int(i64::from(limit)));
             let sql = format!(
-                "SELECT group_key, MIN(reason), MIN(event_type), COUNT(*), MIN(first_failure),
-                        MAX(last_failure), MIN(error)
+                "SELECT group_key, MIN({}), MIN({}), COUNT(*), MIN(first_failure),
+                        MAX(last_failure), MIN({})
                  FROM warren_dead_letters {}
                  GROUP BY group_key
-                 ORDER BY COUNT(*) DESC, MAX(last_failure) DESC
+                 ORDER BY COUNT(*) DESC, MAX(last_failure) DESC, {}
                  LIMIT {limit_ph}",
-                c.where_clause()
+                D::binary("reason"),
+                D::binary("event_type"),
+                D::binary("error"),
+                c.where_clause(),
+                D::binary("group_key"),
             );
             let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter()
@@ -216,22 +233,24 @@ shared_impl! {
             if let Some(after) = after {
                 // Newest first: the page goes on below the last letter shown.
                 let t1 = c.next();
-                c.binds.push(Bind::Time(D::time(after.last_failure)));
+                c.binds.push(Bind::Time(letter_time::<D>(after.last_failure)));
                 let t2 = c.next();
-                c.binds.push(Bind::Time(D::time(after.last_failure)));
+                c.binds.push(Bind::Time(letter_time::<D>(after.last_failure)));
                 let id = c.next();
                 c.binds.push(Bind::Text(after.letter_id.clone()));
+                let letter = D::binary("letter_id");
                 c.sql.push(format!(
-                    "(last_failure < {t1} OR (last_failure = {t2} AND letter_id < {id}))"
+                    "(last_failure < {t1} OR (last_failure = {t2} AND {letter} < {id}))"
                 ));
             }
             let limit_ph = c.next();
             c.binds.push(Bind::Int(i64::from(limit)));
             let sql = format!(
                 "SELECT {LISTED} FROM warren_dead_letters {}
-                 ORDER BY last_failure DESC, letter_id DESC
+                 ORDER BY last_failure DESC, {} DESC
                  LIMIT {limit_ph}",
-                c.where_clause()
+                c.where_clause(),
+                D::binary("letter_id"),
             );
             let rows = run_built!(&self.pool, sql, c, fetch_all);
             rows.iter().map(|row| listed::<D>(row)).collect()
@@ -900,6 +919,13 @@ where
 }
 
 /// A stored time, or an error naming it: warren writes every time it reads.
+/// A letter's time as every dialect stores and compares it: to the
+/// millisecond, which is what SQLite keeps, so that a search or a page
+/// boundary finds the same letters on each.
+fn letter_time<D: Dialect>(t: DateTime<Utc>) -> D::Time {
+    D::time(crate::operator_input::to_millisecond(t))
+}
+
 fn time_of<D: Dialect>(t: D::Time) -> Result<DateTime<Utc>, StoreError> {
     D::parse_time(t).ok_or_else(|| StoreError::Config("a stored time does not read as one".into()))
 }
