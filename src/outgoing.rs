@@ -48,6 +48,9 @@ pub struct Outgoing {
     /// The W3C trace context it continues, checked; sent as the
     /// `traceparent`, `tracestate` and `baggage` headers.
     trace: TraceContext,
+    /// The correlation id was given (or carried from a cause), not the
+    /// message's own id by default.
+    correlation_given: bool,
 }
 
 impl Outgoing {
@@ -71,6 +74,7 @@ impl Outgoing {
             payload: serde_json::value::to_raw_value(payload)?,
             headers: std::collections::BTreeMap::new(),
             trace: TraceContext::default(),
+            correlation_given: false,
         })
     }
 
@@ -78,6 +82,7 @@ impl Outgoing {
     /// and the causation id is the cause's message id.
     pub fn caused_by(mut self, cause: &Metadata) -> Self {
         self.meta.correlation_id = cause.correlation_id.clone();
+        self.correlation_given = true;
         self.meta.causation_id = Some(cause.message_id.clone());
         self
     }
@@ -85,13 +90,33 @@ impl Outgoing {
     /// Sets the correlation id explicitly.
     pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
         self.meta.correlation_id = id.into();
+        self.correlation_given = true;
         self
     }
 
     /// Overrides the message id. Use only to carry an id that already exists (for
-    /// example one stored in an outbox row); new messages get a UUIDv7.
+    /// example one stored in an outbox row, or one derived from a business
+    /// fact); new messages get a UUIDv7. A message that starts a flow is its
+    /// own correlation id, so the correlation id follows, unless one was set
+    /// with [`with_correlation_id`](Self::with_correlation_id) or
+    /// [`caused_by`](Self::caused_by), before or after.
+    ///
+    /// ```
+    /// # use warren::Outgoing;
+    /// let msg = Outgoing::new("billing.invoice-paid.v1", 1, &serde_json::json!({}))?
+    ///     .with_message_id("inv_1:paid");
+    /// assert_eq!(msg.meta().correlation_id, "inv_1:paid");
+    /// let msg = Outgoing::new("billing.invoice-paid.v1", 1, &serde_json::json!({}))?
+    ///     .with_correlation_id("order-7")
+    ///     .with_message_id("inv_1:paid");
+    /// assert_eq!(msg.meta().correlation_id, "order-7");
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
     pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
         self.meta.message_id = id.into();
+        if !self.correlation_given {
+            self.meta.correlation_id = self.meta.message_id.clone();
+        }
         self
     }
 
@@ -271,3 +296,36 @@ impl std::fmt::Display for InvalidOutgoing {
 }
 
 impl std::error::Error for InvalidOutgoing {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new() -> Outgoing {
+        Outgoing::new("t.v1", 1, &serde_json::json!({})).unwrap()
+    }
+
+    #[test]
+    fn a_given_message_id_is_the_correlation_id_unless_one_was_set_in_either_order() {
+        let m = new().with_message_id("m1");
+        assert_eq!(
+            (m.meta().message_id.as_str(), m.meta().correlation_id.as_str()),
+            ("m1", "m1")
+        );
+        let m = new().with_correlation_id("c1").with_message_id("m1");
+        assert_eq!(m.meta().correlation_id, "c1");
+        let m = new().with_message_id("m1").with_correlation_id("c1");
+        assert_eq!(m.meta().correlation_id, "c1");
+        let cause = new().with_correlation_id("flow").meta().clone();
+        let m = new().caused_by(&cause).with_message_id("m1");
+        assert_eq!(m.meta().correlation_id, "flow");
+        let m = new().with_message_id("m1").caused_by(&cause);
+        assert_eq!(m.meta().correlation_id, "flow");
+        assert_eq!(
+            m.properties().correlation_id().as_ref().map(|s| s.as_str()),
+            Some("flow")
+        );
+        let m = new().with_message_id("m1").with_message_id("m2");
+        assert_eq!(m.meta().correlation_id, "m2");
+    }
+}

@@ -306,3 +306,81 @@ async fn an_info_summary_counts_each_outcome_per_interval() {
         "no line per success at INFO"
     );
 }
+
+/// An ingester started before its consumer declared the dead-letter queue
+/// waits for it and says so at INFO: no warning that sends an operator after
+/// a broker outage that is not there. Then it ingests.
+#[tokio::test(flavor = "current_thread")]
+async fn an_ingester_waits_quietly_for_its_dead_letter_queue() {
+    use warren::store::{DeadLetterStore, LetterFilter};
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter("info,lapin=off")
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = <sqlx::Sqlite as Backend>::create().await;
+    let broker = TestBroker::new().await;
+    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let ingesting = tokio::spawn(async move {
+        ingester
+            .run(&amqp_url(), async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let said = |text: &'static str| {
+        let captured = captured.clone();
+        move || {
+            let found = captured
+                .lines()
+                .iter()
+                .any(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with(text)));
+            async move { found }
+        }
+    };
+    assert!(
+        wait_for(Duration::from_secs(30), said("dead-letter queue not declared yet")).await,
+        "the ingester says it waits"
+    );
+    broker.declare().await;
+    broker
+        .publisher
+        .publish_raw(
+            "",
+            &broker.dead_letter_queue(),
+            b"{}",
+            BasicProperties::default().with_message_id("waited-for-1".into()),
+        )
+        .await
+        .unwrap();
+    let store = db.store.clone();
+    let stored = wait_for(Duration::from_secs(30), || {
+        let store = store.clone();
+        async move {
+            store
+                .dead_letters(&LetterFilter::default(), None, 10)
+                .await
+                .unwrap()
+                .iter()
+                .any(|l| l.message_id == "waited-for-1")
+        }
+    })
+    .await;
+    let _ = stop.send(());
+    ingesting.await.unwrap().unwrap();
+    assert!(stored, "the letter is ingested once the queue exists");
+    assert!(
+        wait_for(Duration::from_secs(1), said("dead-letter queue declared; ingesting")).await
+    );
+    let warnings: Vec<Value> = captured
+        .lines()
+        .into_iter()
+        .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+}

@@ -46,6 +46,12 @@ const GROUP_SERIES: usize = 20;
 /// How many dead letters the broker may hand the ingester at once.
 const PREFETCH: u16 = 16;
 
+/// How often an ingester looks again for a dead-letter queue its consumer
+/// has not declared yet.
+const MISSING_QUEUE_POLL: Duration = Duration::from_millis(500);
+/// How long an ingester waits quietly for that queue before it warns.
+const MISSING_QUEUE_WARNING: Duration = Duration::from_secs(60);
+
 /// What replaces a redacted field's value.
 pub const REDACTED: &str = "[redacted]";
 
@@ -242,6 +248,11 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
     ) -> Result<(), Error> {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let dead_letters = crate::topology::dead_letter_queue_name(&self.queue);
+        // The consumer declares the dead-letter queue; an ingester started
+        // beside it (as `billing run` does) may look first. That is waiting,
+        // not a broker outage, and is said so.
+        let mut missing_since: Option<tokio::time::Instant> = None;
+        let mut missing_warned = false;
         loop {
             let session = tokio::select! {
                 () = stop.cancelled() => return Ok(()),
@@ -250,6 +261,27 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             let (connection, mut subscription, port) = match session {
                 Ok(s) => s,
                 Err(e) if e.is_tls() || e.is_fatal_topology() => return Err(e.into()),
+                Err(e) if e.is_not_found() => {
+                    let since = *missing_since.get_or_insert_with(|| {
+                        tracing::info!(
+                            queue_name = %dead_letters,
+                            "dead-letter queue not declared yet; the ingester waits for its consumer to declare it"
+                        );
+                        tokio::time::Instant::now()
+                    });
+                    if !missing_warned && since.elapsed() >= MISSING_QUEUE_WARNING {
+                        missing_warned = true;
+                        tracing::warn!(
+                            queue_name = %dead_letters,
+                            waited = ?since.elapsed(),
+                            "dead-letter queue still not declared: is its consumer running, on this queue name and virtual host?"
+                        );
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(MISSING_QUEUE_POLL) => continue,
+                    }
+                }
                 Err(e) => {
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "dead-letter ingester cannot reach the broker");
@@ -260,6 +292,9 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                 }
             };
             backoff.reset();
+            if missing_since.take().is_some() {
+                tracing::info!(queue_name = %dead_letters, "dead-letter queue declared; ingesting");
+            }
             let ended = loop {
                 let next = tokio::select! {
                     () = stop.cancelled() => break None,

@@ -25,7 +25,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use warren::admin::DatabaseUrl;
 use warren::retry::RetryPolicy;
 
@@ -69,14 +69,16 @@ struct Cli {
     /// Address of /metrics, /healthz and /readyz [default: 127.0.0.1:9464].
     #[arg(long, env = "BILLING_HTTP", global = true)]
     http: Option<String>,
-    /// Unacknowledged deliveries the broker may push to this process [default: 32].
+    // The defaults of these three are warren's, written into their help by
+    // `command()`: a number copied here would go stale (it did once).
+    /// Unacknowledged deliveries the broker may push to this process.
     #[arg(long, env = "BILLING_PREFETCH", global = true)]
     prefetch: Option<u16>,
-    /// Batches (database transactions) processed at once [default: 8].
+    /// Batches (database transactions) processed at once.
     #[arg(long, env = "BILLING_CONCURRENCY", global = true)]
     concurrency: Option<usize>,
     /// Deliveries already buffered that are applied in one transaction, at
-    /// most; 1 turns batching off [default: 32].
+    /// most; 1 turns batching off.
     #[arg(long, env = "BILLING_BATCH_SIZE", global = true)]
     batch_size: Option<usize>,
     /// Retry delay tiers, comma separated [default: 5s,30s,2m,10m,30m; the demo
@@ -769,8 +771,26 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
     }
 }
 
+/// The command line, its defaults taken from warren's constants.
+fn command() -> clap::Command {
+    use warren::config::{DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH};
+    let with_default = |arg: clap::Arg, default: String| {
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        arg.help(format!("{help} [default: {default}]"))
+    };
+    Cli::command()
+        .mut_arg("prefetch", |a| with_default(a, DEFAULT_PREFETCH.to_string()))
+        .mut_arg("concurrency", |a| {
+            with_default(a, DEFAULT_CONCURRENCY.to_string())
+        })
+        .mut_arg("batch_size", |a| with_default(a, DEFAULT_BATCH_SIZE.to_string()))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // Every setting is checked before any command touches anything.
     let cfg = match cli.resolve() {
         Ok(c) => c,
@@ -816,6 +836,37 @@ fn main() -> ExitCode {
         Err(message) => {
             eprintln!("billing: {message}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_states_the_library_defaults() {
+        let mut cli = command();
+        cli.build();
+        for sub in ["run", "bench"] {
+            let help = cli
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            for (flag, default) in [
+                ("--prefetch", warren::config::DEFAULT_PREFETCH.to_string()),
+                ("--concurrency", warren::config::DEFAULT_CONCURRENCY.to_string()),
+                ("--batch-size", warren::config::DEFAULT_BATCH_SIZE.to_string()),
+            ] {
+                let at = help.find(&format!("{flag} <")).unwrap();
+                let entry = &help[at..];
+                let entry = &entry[..entry.find("\n      --").unwrap_or(entry.len())];
+                assert!(
+                    entry.contains(&format!("[default: {default}]")),
+                    "billing {sub} --help, {flag}: {entry}"
+                );
+            }
         }
     }
 }
