@@ -309,7 +309,10 @@ mod tests {
     fn a_given_message_id_is_the_correlation_id_unless_one_was_set_in_either_order() {
         let m = new().with_message_id("m1");
         assert_eq!(
-            (m.meta().message_id.as_str(), m.meta().correlation_id.as_str()),
+            (
+                m.meta().message_id.as_str(),
+                m.meta().correlation_id.as_str()
+            ),
             ("m1", "m1")
         );
         let m = new().with_correlation_id("c1").with_message_id("m1");

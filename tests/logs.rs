@@ -336,15 +336,20 @@ async fn an_ingester_waits_quietly_for_its_dead_letter_queue() {
     let said = |text: &'static str| {
         let captured = captured.clone();
         move || {
-            let found = captured
-                .lines()
-                .iter()
-                .any(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with(text)));
+            let found = captured.lines().iter().any(|l| {
+                l["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with(text))
+            });
             async move { found }
         }
     };
     assert!(
-        wait_for(Duration::from_secs(30), said("dead-letter queue not declared yet")).await,
+        wait_for(
+            Duration::from_secs(30),
+            said("dead-letter queue not declared yet")
+        )
+        .await,
         "the ingester says it waits"
     );
     broker.declare().await;
@@ -375,7 +380,11 @@ async fn an_ingester_waits_quietly_for_its_dead_letter_queue() {
     ingesting.await.unwrap().unwrap();
     assert!(stored, "the letter is ingested once the queue exists");
     assert!(
-        wait_for(Duration::from_secs(1), said("dead-letter queue declared; ingesting")).await
+        wait_for(
+            Duration::from_secs(1),
+            said("dead-letter queue declared; ingesting")
+        )
+        .await
     );
     let warnings: Vec<Value> = captured
         .lines()

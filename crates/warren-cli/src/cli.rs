@@ -756,3 +756,137 @@ pub(crate) struct ConsoleArgs {
     #[arg(long, default_value = "7d", value_parser = warren::retry::parse_delay)]
     pub(crate) inbox_retention: Duration,
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    /// A value each group-level flag takes, for the walk.
+    fn sample(arg: &clap::Arg) -> Option<&'static str> {
+        if !arg.get_num_args().is_some_and(|n| n.takes_values()) {
+            return None;
+        }
+        Some(match arg.get_id().as_str() {
+            "database_url" => "sqlite://walk.db",
+            "amqp_url" => "amqp://guest:guest@127.0.0.1:5672/%2f",
+            _ => "x",
+        })
+    }
+
+    /// Every flag a command group takes parses before its subcommand and
+    /// after it, down the whole tree: `warren dead-letters list
+    /// --database-url URL` as well as `warren dead-letters --database-url
+    /// URL list`.
+    #[test]
+    fn every_group_flag_parses_before_and_after_each_subcommand() {
+        let mut root = Cli::command();
+        root.build();
+        let mut checked = 0;
+        let mut groups = vec![(vec!["warren".to_owned()], root.clone())];
+        while let Some((path, group)) = groups.pop() {
+            let flags: Vec<&clap::Arg> = group
+                .get_arguments()
+                .filter(|a| {
+                    a.get_long().is_some() && !matches!(a.get_id().as_str(), "help" | "version")
+                })
+                .collect();
+            for sub in group.get_subcommands() {
+                let mut sub_path = path.clone();
+                sub_path.push(sub.get_name().to_owned());
+                if sub.has_subcommands() {
+                    groups.push((sub_path.clone(), sub.clone()));
+                }
+                for flag in &flags {
+                    let mut given = vec![format!("--{}", flag.get_long().unwrap())];
+                    given.extend(sample(flag).map(str::to_owned));
+                    let before: Vec<String> = path
+                        .iter()
+                        .cloned()
+                        .chain(given.iter().cloned())
+                        .chain([sub.get_name().to_owned()])
+                        .collect();
+                    let after: Vec<String> = sub_path
+                        .iter()
+                        .cloned()
+                        .chain(given.iter().cloned())
+                        .collect();
+                    for args in [before, after] {
+                        // Missing required arguments of the subcommand are
+                        // fine here; refusing the flag itself is not.
+                        if let Err(e) = Cli::try_parse_from(&args) {
+                            assert!(
+                                !matches!(
+                                    e.kind(),
+                                    ErrorKind::UnknownArgument | ErrorKind::ArgumentConflict
+                                ),
+                                "{}: {e}",
+                                args.join(" ")
+                            );
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 50, "the walk reached the tree: {checked}");
+        let parsed = Cli::try_parse_from([
+            "warren",
+            "dead-letters",
+            "list",
+            "--database-url",
+            "sqlite://walk.db",
+            "--operator",
+            "alice",
+        ])
+        .unwrap();
+        let Command::DeadLetters {
+            database_url,
+            operator,
+            ..
+        } = parsed.command
+        else {
+            panic!("dead-letters parses as dead-letters")
+        };
+        assert!(database_url.is_some());
+        assert_eq!(operator.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn refused_values_exit_2_naming_the_flag() {
+        for args in [
+            &["warren", "dead-letters", "list", "--since", "+10000-01-01"][..],
+            &["warren", "dead-letters", "list", "--group", "é"],
+            &["warren", "dead-letters", "list", "--type", "a\u{0}b"],
+            &[
+                "warren",
+                "dead-letters",
+                "list",
+                "--field",
+                "amount=1e-20000",
+            ],
+            &["warren", "dead-letters", "show", "not-a-letter"],
+            &[
+                "warren",
+                "dead-letters",
+                "reclassify",
+                "--group",
+                "g1",
+                "--to",
+                "a b",
+            ],
+        ] {
+            let e = match Cli::try_parse_from(args) {
+                Err(e) => e,
+                Ok(_) => panic!("{args:?} parsed"),
+            };
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{args:?}: {e}");
+            assert_eq!(e.exit_code(), 2);
+            let text = e.to_string();
+            assert!(text.contains("the rule: "), "{text}");
+            assert!(!text.contains('\u{0}'), "{text:?}");
+        }
+    }
+}

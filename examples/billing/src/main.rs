@@ -779,11 +779,15 @@ fn command() -> clap::Command {
         arg.help(format!("{help} [default: {default}]"))
     };
     Cli::command()
-        .mut_arg("prefetch", |a| with_default(a, DEFAULT_PREFETCH.to_string()))
+        .mut_arg("prefetch", |a| {
+            with_default(a, DEFAULT_PREFETCH.to_string())
+        })
         .mut_arg("concurrency", |a| {
             with_default(a, DEFAULT_CONCURRENCY.to_string())
         })
-        .mut_arg("batch_size", |a| with_default(a, DEFAULT_BATCH_SIZE.to_string()))
+        .mut_arg("batch_size", |a| {
+            with_default(a, DEFAULT_BATCH_SIZE.to_string())
+        })
 }
 
 fn main() -> ExitCode {
@@ -856,8 +860,14 @@ mod tests {
                 .to_string();
             for (flag, default) in [
                 ("--prefetch", warren::config::DEFAULT_PREFETCH.to_string()),
-                ("--concurrency", warren::config::DEFAULT_CONCURRENCY.to_string()),
-                ("--batch-size", warren::config::DEFAULT_BATCH_SIZE.to_string()),
+                (
+                    "--concurrency",
+                    warren::config::DEFAULT_CONCURRENCY.to_string(),
+                ),
+                (
+                    "--batch-size",
+                    warren::config::DEFAULT_BATCH_SIZE.to_string(),
+                ),
             ] {
                 let at = help.find(&format!("{flag} <")).unwrap();
                 let entry = &help[at..];
