@@ -16,4 +16,5 @@ mod console_support;
 mod console_tls;
 mod dead_letters;
 mod doctor;
+mod input_rules;
 mod trace;
