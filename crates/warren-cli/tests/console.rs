@@ -588,3 +588,41 @@ async fn a_run_left_by_a_process_that_died_is_resumed_from_its_page() {
     broker.cleanup().await;
     db.drop_db().await;
 }
+
+/// A login posted from another site would log the victim's browser in as
+/// the attacker's operator: refused like every other form, whatever says
+/// so (a foreign Origin, `Origin: null`, only `Sec-Fetch-Site`, a foreign
+/// Host), with no session cookie. The console's own form logs in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_posted_from_another_site_is_refused() {
+    let db = <sqlx::Sqlite as Backend>::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("alice {ALICE}\n")).unwrap();
+    let console = start_console(&db.url, &tokens).await;
+    let addr = console.addr.as_str();
+    let body = form(&[("token", ALICE)]);
+    let origin = format!("http://{addr}");
+    let forged: [&[(&str, &str)]; 5] = [
+        &[("Origin", "http://evil.example"), ("Sec-Fetch-Site", "cross-site")],
+        &[("Origin", "http://evil.example")],
+        &[("Origin", "null")],
+        &[("Sec-Fetch-Site", "cross-site")],
+        &[("Host", "evil.example"), ("Origin", "http://evil.example")],
+    ];
+    for headers in forged {
+        let a = http(addr, "POST", "/login", headers, &body).await;
+        assert_eq!(a.status, 403, "{headers:?}: {}", a.body);
+        assert!(!a.headers.contains_key("set-cookie"), "{headers:?}");
+    }
+    let own: [&[(&str, &str)]; 2] = [
+        &[("Origin", origin.as_str()), ("Sec-Fetch-Site", "same-origin")],
+        &[],
+    ];
+    for headers in own {
+        let a = http(addr, "POST", "/login", headers, &body).await;
+        assert_eq!(a.status, 303, "{headers:?}: {}", a.body);
+        assert!(a.headers.contains_key("set-cookie"), "{headers:?}");
+    }
+    db.drop_db().await;
+}
