@@ -283,6 +283,23 @@ impl fmt::Display for DeadLetterReason {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_failures_guide_lists_every_reason_as_the_code_names_it() {
+        let guide = include_str!("../docs/failures.md");
+        for reason in DeadLetterReason::ALL {
+            let row = format!(
+                "| `{reason:?}` | `{}` | {} |",
+                reason.as_str(),
+                if reason.is_invalid_input() {
+                    "yes"
+                } else {
+                    "no"
+                }
+            );
+            assert!(guide.contains(&row), "docs/failures.md lacks {row}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -68,7 +68,7 @@ pub(crate) enum Command {
         database_url: Option<DatabaseUrl>,
         /// Your name, for the audit table; every command that changes
         /// something needs it. The OS user is recorded beside it.
-        #[arg(long, env = "WARREN_OPERATOR", global = true)]
+        #[arg(long, env = "WARREN_OPERATOR", global = true, value_parser = checked("--operator", input::text))]
         operator: Option<String>,
         #[command(subcommand)]
         command: DeadLettersCommand,
@@ -130,7 +130,7 @@ pub(crate) enum InboxCommand {
     /// margin: a copy arriving after its row is gone would be applied again.
     Purge {
         /// The consumer name.
-        #[arg(long)]
+        #[arg(long, value_parser = checked("--consumer", input::text))]
         consumer: String,
         /// Keep rows younger than this, e.g. 30d.
         #[arg(long, value_parser = warren::retry::parse_delay)]
@@ -288,13 +288,13 @@ pub(crate) enum DeadLettersCommand {
         #[arg(long)]
         queue: String,
         /// The consumer's name [default: the queue].
-        #[arg(long)]
+        #[arg(long, value_parser = checked("--consumer", input::text))]
         consumer: Option<String>,
         /// Queue type of the side queue for letters too large to store.
         #[arg(long, default_value = "quorum", value_parser = parse_queue_type)]
         queue_type: QueueType,
         /// Payload fields to redact before storing (dotted paths, comma separated).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = checked("--redact", input::field_path))]
         redact: Vec<String>,
         /// Keep resolved and replayed letters this long.
         #[arg(long, default_value = "30d", value_parser = warren::retry::parse_delay)]
@@ -421,7 +421,7 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 
 /// A value parser that checks a flag's value by its input rule, the
 /// refusal naming the flag (clap exits 2 with it).
-fn checked<T: Clone + Send + Sync + 'static>(
+pub(crate) fn checked<T: Clone + Send + Sync + 'static>(
     flag: &'static str,
     check: fn(&str, &str) -> Result<T, input::InputError>,
 ) -> impl Fn(&str) -> Result<T, String> + Clone {

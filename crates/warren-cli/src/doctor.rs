@@ -20,7 +20,7 @@ pub(crate) struct DoctorArgs {
     #[command(flatten)]
     pub(crate) consumer: ConsumerArgs,
     /// The consumer's name, for its inbox [default: the queue].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::checked("--consumer-name", warren::admin::input::text))]
     pub(crate) consumer_name: Option<String>,
     /// How long a suspect may run alone (the consumer's solo_timeout)
     /// [default: 60s].

@@ -604,7 +604,10 @@ async fn a_login_posted_from_another_site_is_refused() {
     let body = form(&[("token", ALICE)]);
     let origin = format!("http://{addr}");
     let forged: [&[(&str, &str)]; 5] = [
-        &[("Origin", "http://evil.example"), ("Sec-Fetch-Site", "cross-site")],
+        &[
+            ("Origin", "http://evil.example"),
+            ("Sec-Fetch-Site", "cross-site"),
+        ],
         &[("Origin", "http://evil.example")],
         &[("Origin", "null")],
         &[("Sec-Fetch-Site", "cross-site")],
@@ -616,7 +619,10 @@ async fn a_login_posted_from_another_site_is_refused() {
         assert!(!a.headers.contains_key("set-cookie"), "{headers:?}");
     }
     let own: [&[(&str, &str)]; 2] = [
-        &[("Origin", origin.as_str()), ("Sec-Fetch-Site", "same-origin")],
+        &[
+            ("Origin", origin.as_str()),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
         &[],
     ];
     for headers in own {
