@@ -14,15 +14,16 @@
 //! inbox accepts ([`MAX_MESSAGE_ID_LEN`]), a group what a fingerprint or a
 //! reclassification makes, a letter or run id what warren generates.
 
-use std::borrow::Cow;
 use std::fmt;
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Timelike, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
 use crate::amqp::MAX_SHORT_STRING_LEN;
 use crate::envelope::MAX_MESSAGE_ID_LEN;
 use crate::printable::printable;
 use crate::store::PageAfter;
+use crate::store::compare::{JsonNumber, to_millisecond};
+pub use crate::store::compare::{MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS};
 
 /// Longest reason a letter is filed under, in bytes (the column's width).
 pub const MAX_REASON_LEN: usize = 64;
@@ -37,12 +38,6 @@ pub const MAX_FIELD_LEN: usize = 255;
 /// Longest payload value searched for or set, and longest operator's note
 /// (an edit's or a mute's reason), in bytes.
 pub const MAX_VALUE_LEN: usize = 1024;
-/// Significant digits a number may have: every decimal of 15 digits or
-/// fewer survives a trip through a 64-bit float, so the stores that compare
-/// numbers as floats and those that compare them exactly agree.
-pub const MAX_SIGNIFICANT_DIGITS: usize = 15;
-/// Largest exponent (either sign) of a number, in its scientific form.
-pub const MAX_EXPONENT: i32 = 300;
 /// The earliest time accepted (MariaDB's `DATETIME` starts here).
 pub const EARLIEST: &str = "1000-01-01T00:00:00Z";
 /// The latest time accepted (MariaDB's `DATETIME(6)` ends here).
@@ -320,14 +315,6 @@ fn bounds() -> (DateTime<Utc>, DateTime<Utc>) {
     (parse(EARLIEST), parse(LATEST))
 }
 
-/// `t` cut to the millisecond, a leap second to the last millisecond of
-/// the second before.
-pub(crate) fn to_millisecond(t: DateTime<Utc>) -> DateTime<Utc> {
-    let nanos = t.nanosecond().min(999_999_999);
-    t.with_nanosecond(nanos / 1_000_000 * 1_000_000)
-        .unwrap_or(t)
-}
-
 /// A page cursor: [`Rule::Cursor`].
 pub fn cursor(parameter: &str, raw: &str) -> Result<PageAfter, InputError> {
     let Some((when, letter)) = raw.split_once(',') else {
@@ -389,149 +376,6 @@ pub fn field_value(parameter: &str, raw: &str) -> Result<String, InputError> {
         );
     }
     Ok(value)
-}
-
-/// The texts warren's dead-letter store holds for JSON numbers equal to
-/// `value`, when `value` is written as a JSON number within the
-/// [`Rule::FieldValue`] limits; `None` otherwise (a value matched as text
-/// only).
-///
-/// The store's payload copy is written by `serde_json`, so each number in it
-/// is an integer (`149`) or the shortest text of a 64-bit float (`149.0`,
-/// `1e21`): a number equal to `value` is one of these texts, and a store
-/// that compares them as text agrees with one that compares numbers exactly.
-pub(crate) fn number_texts(value: &str) -> Option<Vec<String>> {
-    let number = JsonNumber::parse(value)?;
-    number.check().ok()?;
-    let float: f64 = value.parse().ok()?;
-    let mut texts = Vec::with_capacity(3);
-    if float == 0.0 {
-        texts.extend(["0", "0.0", "-0.0"].map(str::to_owned));
-        return Some(texts);
-    }
-    if number.is_integral() {
-        // At most 15 significant digits: an integer this big or smaller
-        // is exact as an i64 when its exponent is small enough.
-        if let Some(int) = number.as_i128() {
-            if let Ok(i) = i64::try_from(int) {
-                texts.push(i.to_string());
-            } else if let Ok(u) = u64::try_from(int) {
-                texts.push(u.to_string());
-            }
-        }
-    }
-    texts.push(serde_json::Number::from_f64(float)?.to_string());
-    Some(texts)
-}
-
-/// A value written in JSON's number grammar: `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`.
-struct JsonNumber<'a> {
-    negative: bool,
-    /// The digits, integer and fraction run together, leading and trailing
-    /// zeros kept.
-    digits: Cow<'a, str>,
-    /// Where the decimal point sits in `digits`, counted from the left.
-    point: i64,
-    /// The written exponent (saturated).
-    exponent: i64,
-}
-
-impl<'a> JsonNumber<'a> {
-    fn parse(s: &'a str) -> Option<Self> {
-        let (negative, rest) = match s.strip_prefix('-') {
-            Some(rest) => (true, rest),
-            None => (false, s),
-        };
-        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if int_len == 0 || (int_len > 1 && rest.starts_with('0')) {
-            return None;
-        }
-        let (int, mut rest) = rest.split_at(int_len);
-        let mut fraction = "";
-        if let Some(after) = rest.strip_prefix('.') {
-            let n = after.bytes().take_while(u8::is_ascii_digit).count();
-            if n == 0 {
-                return None;
-            }
-            (fraction, rest) = after.split_at(n);
-        }
-        let mut exponent = 0i64;
-        if let Some(after) = rest.strip_prefix(['e', 'E']) {
-            let (sign, digits) = match after.as_bytes().first() {
-                Some(b'-') => (-1, &after[1..]),
-                Some(b'+') => (1, &after[1..]),
-                _ => (1, after),
-            };
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            exponent = sign
-                * digits.bytes().fold(0i64, |n, d| {
-                    n.saturating_mul(10).saturating_add(i64::from(d - b'0'))
-                });
-            rest = "";
-        }
-        if !rest.is_empty() {
-            return None;
-        }
-        let digits = if fraction.is_empty() {
-            Cow::Borrowed(int)
-        } else {
-            Cow::Owned(format!("{int}{fraction}"))
-        };
-        Some(Self {
-            negative,
-            digits,
-            point: int_len as i64,
-            exponent,
-        })
-    }
-
-    /// The significant digits, without leading or trailing zeros, and the
-    /// exponent of the number in scientific form (`d.ddd × 10^e`); `None`
-    /// for zero.
-    fn significant(&self) -> Option<(&str, i64)> {
-        let leading = self.digits.bytes().take_while(|&b| b == b'0').count();
-        if leading == self.digits.len() {
-            return None;
-        }
-        let trimmed = self.digits[leading..].trim_end_matches('0');
-        let scientific = self
-            .exponent
-            .saturating_add(self.point)
-            .saturating_sub(leading as i64)
-            .saturating_sub(1);
-        Some((trimmed, scientific))
-    }
-
-    fn check(&self) -> Result<(), String> {
-        let Some((digits, exponent)) = self.significant() else {
-            return Ok(());
-        };
-        if digits.len() > MAX_SIGNIFICANT_DIGITS {
-            return Err(format!("has {} significant digits", digits.len()));
-        }
-        if exponent.unsigned_abs() > MAX_EXPONENT.unsigned_abs().into() {
-            return Err(format!("has the exponent {exponent}"));
-        }
-        Ok(())
-    }
-
-    fn is_integral(&self) -> bool {
-        match self.significant() {
-            None => true,
-            Some((digits, exponent)) => exponent >= digits.len() as i64 - 1,
-        }
-    }
-
-    /// The value as an integer, if it is one that fits.
-    fn as_i128(&self) -> Option<i128> {
-        let (digits, exponent) = self.significant()?;
-        let zeros = u32::try_from(exponent - (digits.len() as i64 - 1)).ok()?;
-        let mantissa: i128 = digits.parse().ok()?;
-        let value = mantissa.checked_mul(10i128.checked_pow(zeros)?)?;
-        Some(if self.negative { -value } else { value })
-    }
 }
 
 #[cfg(test)]
@@ -648,37 +492,6 @@ mod tests {
             assert_eq!(e.rule, Rule::FieldValue, "{bad:?}");
         }
         assert!(field_value("value", "a\0").is_err());
-    }
-
-    #[test]
-    fn a_number_matches_the_texts_serde_writes_for_it() {
-        assert_eq!(number_texts("149").unwrap(), ["149", "149.0"]);
-        assert_eq!(number_texts("1.49e2").unwrap(), ["149", "149.0"]);
-        assert_eq!(number_texts("-0.5").unwrap(), ["-0.5"]);
-        assert_eq!(number_texts("0").unwrap(), ["0", "0.0", "-0.0"]);
-        assert_eq!(number_texts("-0e5").unwrap(), ["0", "0.0", "-0.0"]);
-        assert_eq!(
-            number_texts("1e19").unwrap(),
-            ["10000000000000000000", "1e19"]
-        );
-        assert_eq!(number_texts("1e21").unwrap(), ["1e21"]);
-        assert_eq!(number_texts("0.1").unwrap(), ["0.1"]);
-        assert_eq!(number_texts("1e300").unwrap(), ["1e300"]);
-        for text in [
-            "abc", "+5", ".5", "5.", "01", "inf", "NaN", "0x10", "1e301", "1 ",
-        ] {
-            assert_eq!(number_texts(text), None, "{text:?}");
-        }
-        // What the store holds is what serde_json writes for a parsed payload.
-        for written in ["149", "149.0", "1.49e2", "12.50", "1e19", "-7", "1e-7"] {
-            let held = serde_json::from_str::<serde_json::Value>(written)
-                .unwrap()
-                .to_string();
-            assert!(
-                number_texts(written).unwrap().contains(&held),
-                "{written} held as {held}"
-            );
-        }
     }
 
     /// The guides state the rules as the code checks them, limits included:

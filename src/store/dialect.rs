@@ -316,7 +316,7 @@ pub trait SqlDialect: Database {
     /// The condition that a letter's payload has `field` (a dotted path of
     /// object keys) holding `value`: a JSON string equal to it byte for
     /// byte, or, where `value` is written as a JSON number within the input
-    /// rules, a JSON number equal to it ([`number_texts`](crate::operator_input::number_texts)).
+    /// rules, a JSON number equal to it ([`number_texts`](crate::store::compare::number_texts)).
     /// Its placeholders are taken from `next`; with the values to bind, in
     /// order.
     fn payload_condition(

@@ -38,6 +38,7 @@ macro_rules! store_trait {
 
 mod capabilities;
 mod checkup;
+pub(crate) mod compare;
 mod dead_letters;
 pub(crate) mod dialect;
 mod error;

@@ -328,7 +328,7 @@ impl SqlDialect for MySql {
              AND CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, {p2})) AS BINARY) = CAST({v} AS BINARY))"
         );
         let mut binds = vec![path.clone(), path.clone(), value.to_owned()];
-        if let Some(texts) = crate::operator_input::number_texts(value) {
+        if let Some(texts) = crate::store::compare::number_texts(value) {
             let (p1, p2) = (next(), next());
             let list: Vec<String> = texts
                 .iter()

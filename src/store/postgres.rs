@@ -435,7 +435,7 @@ impl SqlDialect for Postgres {
         // Only a number within the input rules is cast: `1e-20000` would
         // overflow `numeric`, and a number of more digits than a float
         // holds would match differently here than on the other stores.
-        if crate::operator_input::number_texts(value).is_some() {
+        if crate::store::compare::number_texts(value).is_some() {
             let number = contains("({})::numeric");
             binds.extend(steps.iter().map(|s| (*s).to_owned()));
             binds.push(value.to_owned());

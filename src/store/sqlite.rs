@@ -326,7 +326,7 @@ impl SqlDialect for Sqlite {
         let mut sql =
             format!("(json_type(payload, {p1}) = 'text' AND json_extract(payload, {p2}) = {v})");
         let mut binds = vec![path.clone(), path.clone(), value.to_owned()];
-        if let Some(texts) = crate::operator_input::number_texts(value) {
+        if let Some(texts) = crate::store::compare::number_texts(value) {
             let (p1, p2) = (next(), next());
             let list: Vec<String> = texts.iter().map(|_| next()).collect();
             sql = format!(

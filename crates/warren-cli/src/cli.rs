@@ -878,9 +878,8 @@ mod tests {
                 "a b",
             ],
         ] {
-            let e = match Cli::try_parse_from(args) {
-                Err(e) => e,
-                Ok(_) => panic!("{args:?} parsed"),
+            let Err(e) = Cli::try_parse_from(args) else {
+                panic!("{args:?} parsed")
             };
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{args:?}: {e}");
             assert_eq!(e.exit_code(), 2);

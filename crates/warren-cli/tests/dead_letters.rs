@@ -285,12 +285,29 @@ async fn the_dead_letter_store_from_the_command_line<B: Backend>() {
     let (out, err) = text(&again);
     assert!(again.status.success(), "{out}{err}");
     assert!(out.contains("outcome: DUPLICATE"), "{out}");
-    let unknown = run(&["replay", "--id", "no-such-letter", "--operator", "ana"]).await;
+    // An id no letter has fails (1); one no letter can have is refused (2).
+    let unknown = run(&[
+        "replay",
+        "--id",
+        "0123456789abcdef0123456789abcdef",
+        "--operator",
+        "ana",
+    ])
+    .await;
     assert_eq!(unknown.status.code(), Some(1));
     assert!(
         text(&unknown).1.contains("no dead letter"),
         "{}",
         text(&unknown).1
+    );
+    let malformed = run(&["replay", "--id", "no-such-letter", "--operator", "ana"]).await;
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(
+        text(&malformed)
+            .1
+            .contains("--id: \"no-such-letter\" is not an id"),
+        "{}",
+        text(&malformed).1
     );
     let careful = run(&[
         "replay",

@@ -37,7 +37,23 @@ pub async fn at_start<B: BillingDb>(
     let mut expect = DatabaseExpectations::new(CONSUMER);
     expect.inbox_retention = inbox_retention;
     let database = check_database(store, &expect).await;
-    for check in &broker.checks {
+    // On a first start nothing is declared yet, and billing declares it
+    // all next: one line saying so, not a warning per queue.
+    let undeclared = |c: &&Check| c.check == "queue-exists" && c.status == Status::Warn;
+    let not_yet: Vec<&str> = broker
+        .checks
+        .iter()
+        .filter(undeclared)
+        .map(|c| c.subject.as_str())
+        .collect();
+    if !not_yet.is_empty() {
+        tracing::info!(
+            queues = not_yet.len(),
+            first = not_yet[0],
+            "queues not declared yet; billing declares them as its consumers start"
+        );
+    }
+    for check in broker.checks.iter().filter(|c| !undeclared(c)) {
         log(check, check.status);
     }
     for check in &database {

@@ -169,3 +169,41 @@ async fn stop(run: &mut tokio::process::Child) {
         .unwrap();
     assert!(exit.success(), "exit 0 on SIGTERM: {exit:?}");
 }
+
+/// A first start finds nothing declared yet, and declares it next: one INFO
+/// line says so, not a warning per queue.
+#[tokio::test]
+async fn a_first_start_does_not_warn_of_queues_it_is_about_to_declare() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("billing.db");
+    let prefix = unique("billing-first");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let port = free_port();
+    let mut run = billing()
+        .args([
+            "--prefix",
+            &prefix,
+            "--database-url",
+            database.to_str().unwrap(),
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "run",
+        ])
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    wait_ready(&mut run, port, log.path()).await;
+    stop(&mut run).await;
+    let printed = std::fs::read_to_string(log.path()).unwrap();
+    delete_prefix(&warren_connect().await, &prefix).await;
+    assert!(
+        !printed.contains("\"check\":\"queue-exists\""),
+        "a check line per queue:\n{printed}"
+    );
+    let said = printed
+        .lines()
+        .find(|l| l.contains("queues not declared yet"))
+        .unwrap_or_else(|| panic!("no line on the undeclared queues:\n{printed}"));
+    assert!(said.contains("\"level\":\"INFO\""), "{said}");
+}

@@ -923,7 +923,7 @@ where
 /// millisecond, which is what SQLite keeps, so that a search or a page
 /// boundary finds the same letters on each.
 fn letter_time<D: Dialect>(t: DateTime<Utc>) -> D::Time {
-    D::time(crate::operator_input::to_millisecond(t))
+    D::time(crate::store::compare::to_millisecond(t))
 }
 
 fn time_of<D: Dialect>(t: D::Time) -> Result<DateTime<Utc>, StoreError> {
