@@ -305,6 +305,8 @@ async fn an_info_summary_counts_each_outcome_per_interval() {
             .any(|l| l["fields"]["message"] == "message processed"),
         "no line per success at INFO"
     );
+    broker.cleanup().await;
+    db.drop_db().await;
 }
 
 /// An ingester started before its consumer declared the dead-letter queue
@@ -324,6 +326,7 @@ async fn an_ingester_waits_quietly_for_its_dead_letter_queue() {
 
     let db = <sqlx::Sqlite as Backend>::create().await;
     let broker = TestBroker::new().await;
+    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
     let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let ingesting = tokio::spawn(async move {
@@ -392,4 +395,6 @@ async fn an_ingester_waits_quietly_for_its_dead_letter_queue() {
         .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
         .collect();
     assert!(warnings.is_empty(), "{warnings:#?}");
+    broker.cleanup().await;
+    db.drop_db().await;
 }
