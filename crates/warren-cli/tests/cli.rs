@@ -429,6 +429,66 @@ async fn topology_declare_creates_what_the_consumer_expects() {
     broker.cleanup().await;
 }
 
+/// A stand-in queue the consumer declares (`with_stand_in_queue`) is
+/// declared, shown and deleted by the CLI when given with `--stand-in`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_delete_removes_the_stand_in_queue_it_is_given() {
+    let broker = TestBroker::new().await;
+    let q = broker.queue.clone();
+    let stand_in = format!("{q}.downstream");
+    broker.track_queue(&stand_in);
+    let config = broker
+        .builder()
+        .with_stand_in_queue(&broker.exchange, &stand_in, "out.#")
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    assert!(
+        warren::broker::inspect_queue(&broker.connection, &stand_in)
+            .await
+            .is_ok()
+    );
+    let spec = format!("{}:{stand_in}:out.#", broker.exchange);
+    let consumer = [
+        "--queue",
+        q.as_str(),
+        "--exchange",
+        broker.exchange.as_str(),
+        "--binding-key",
+        "test.#",
+        "--retry-tiers",
+        "100ms,200ms,400ms",
+        "--stand-in",
+        spec.as_str(),
+    ];
+    let mut show = vec!["topology", "show"];
+    show.extend_from_slice(&consumer);
+    let shown = warren(&show).await;
+    assert!(shown.status.success(), "{}", text(&shown).1);
+    assert!(text(&shown).0.contains(&stand_in), "{}", text(&shown).0);
+    let mut delete = vec!["topology", "delete", "--yes"];
+    delete.extend_from_slice(&consumer);
+    let deleted = warren(&delete).await;
+    assert!(deleted.status.success(), "{}", text(&deleted).1);
+    assert!(
+        text(&deleted)
+            .0
+            .contains(&format!("deleted queue    {stand_in}")),
+        "{}",
+        text(&deleted).0
+    );
+    let gone = warren::broker::inspect_queue(&broker.connection, &stand_in).await;
+    assert!(gone.is_err(), "the stand-in queue is gone");
+    let bad = warren(&["topology", "show", "--queue", &q, "--stand-in", "no-colons"]).await;
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad).1.contains("EXCHANGE:QUEUE:BINDING_KEY"),
+        "{}",
+        text(&bad).1
+    );
+    broker.cleanup().await;
+}
+
 on_all_backends!(outbox_status_and_retry_failed);
 
 async fn outbox_status_and_retry_failed<B: Backend>() {
