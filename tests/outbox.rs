@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use warren::broker::Publisher;
+use warren::broker::{BrokerError, Publisher};
 use warren::lapin::options::QueueDeclareOptions;
 use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::store::OutboxStore;
@@ -134,6 +134,94 @@ async fn a_publisher_refused_by_a_full_quorum_queue_publishes_again_once_the_lim
         .await,
         "no publish went in after the limit was lifted"
     );
+    broker.cleanup().await;
+}
+
+/// Each publish learns its own fate. Many tasks publish at once through one
+/// publisher, half to a queue that refuses every message (length 0,
+/// `reject-publish`), half to one that takes them. The client numbers a
+/// publish for its confirm and then queues its frames, and two tasks on two
+/// threads could cross between those steps: the broker then numbers them the
+/// other way round, and each gets the other's confirm. A refused copy taken
+/// for confirmed is a message lost (its original is acked); a taken one taken
+/// for refused is a copy too many. Seen as one forwarded update lost in a
+/// partitioned consumer under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_each_get_their_own_confirm() {
+    const TASKS: usize = 8;
+    const EACH: usize = 300;
+    let broker = TestBroker::new().await;
+    let refusing = format!("{}.refusing", broker.queue);
+    let taking = format!("{}.taking", broker.queue);
+    let channel = broker.connection.create_channel().await.unwrap();
+    for (queue, limit) in [(&refusing, true), (&taking, false)] {
+        broker.track_queue(queue);
+        let mut arguments = FieldTable::default();
+        if limit {
+            arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+            arguments.insert(
+                "x-overflow".into(),
+                AMQPValue::LongString("reject-publish".into()),
+            );
+        }
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                arguments,
+            )
+            .await
+            .unwrap();
+    }
+    let _ = channel.close(200, "declared".into()).await;
+
+    let publisher = Arc::new(Publisher::new(Arc::clone(&broker.connection)));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let publisher = Arc::clone(&publisher);
+            let queue = if t % 2 == 0 {
+                refusing.clone()
+            } else {
+                taking.clone()
+            };
+            tokio::spawn(async move {
+                let mut results = Vec::with_capacity(EACH);
+                for i in 0..EACH {
+                    let body = format!("{t}-{i}");
+                    let result = publisher
+                        .publish_raw("", &queue, body.as_bytes(), Default::default())
+                        .await;
+                    results.push(result);
+                }
+                (t % 2 == 0, results)
+            })
+        })
+        .collect();
+    let (mut refused_taken_as_confirmed, mut taken_taken_as_refused, mut other) = (0, 0, vec![]);
+    for task in tasks {
+        let (refuses, results) = task.await.unwrap();
+        for result in results {
+            match (refuses, result) {
+                (true, Ok(())) => refused_taken_as_confirmed += 1,
+                (false, Err(BrokerError::Nacked { .. })) => taken_taken_as_refused += 1,
+                (true, Err(BrokerError::Nacked { .. })) | (false, Ok(())) => {}
+                (_, Err(e)) => other.push(e.to_string()),
+            }
+        }
+    }
+    assert_eq!(
+        (refused_taken_as_confirmed, taken_taken_as_refused),
+        (0, 0),
+        "confirms handed to the wrong publish (refused ones confirmed, taken ones refused)"
+    );
+    assert!(other.is_empty(), "publishes failed otherwise: {other:?}");
+    let expected = (TASKS / 2 * EACH) as u32;
+    assert_eq!(
+        broker.ready(&taking).await,
+        expected,
+        "every confirmed copy is in its queue"
+    );
+    assert_eq!(broker.ready(&refusing).await, 0);
     broker.cleanup().await;
 }
 

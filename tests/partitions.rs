@@ -743,10 +743,11 @@ async fn a_forward_its_home_queue_refuses_goes_back_and_is_sent_on_later<B: Back
         // Seen once in a loaded CI run: one update never reached a handler.
         // Where it waits (ready in a queue, unacked on a channel) says why.
         panic!(
-            "{total} updates not all applied or stale: {:?}\ninbox rows: {}\n{}",
+            "{total} updates not all applied or stale: {:?}\ninbox rows: {}\n{}\n{}",
             running.stats.snapshot(),
             db.inbox(config.name()).await,
-            queue_report(&broker.queue).await
+            queue_report(&broker.queue).await,
+            histories(&db, config.name(), &stream).await
         );
     }
     let s = running.stats.snapshot();
@@ -780,6 +781,40 @@ async fn a_forward_its_home_queue_refuses_goes_back_and_is_sent_on_later<B: Back
         "one row per version applied"
     );
     cleanup(db, broker, &[&config]).await;
+}
+
+/// What the journal holds of each update without an inbox row, and of each
+/// with more than one outcome: where a missing update went.
+async fn histories<B: Backend>(db: &TestDb<B>, consumer: &str, stream: &[Outgoing]) -> String {
+    use warren::store::Journal;
+    let mut out = String::from("updates without an inbox row, or settled more than once:");
+    for m in stream {
+        let id = &m.meta().message_id;
+        let rows = B::count(
+            &db.store,
+            format!(
+                "SELECT count(*) FROM warren_inbox WHERE consumer_name = '{consumer}' \
+                 AND message_id = '{id}'"
+            ),
+        )
+        .await;
+        let journal = db
+            .store
+            .journal_of_message(consumer, id, 50)
+            .await
+            .unwrap_or_default();
+        if rows == 0 || journal.len() > 1 {
+            let outcomes: Vec<String> = journal
+                .iter()
+                .map(|e| format!("{} {}", e.at.format("%H:%M:%S%.3f"), e.described()))
+                .collect();
+            out.push_str(&format!(
+                "\n  {id}: {rows} inbox rows; journal: {}",
+                outcomes.join(", ")
+            ));
+        }
+    }
+    out
 }
 
 /// A second reorder while the first one's forwards are on their way: keys move

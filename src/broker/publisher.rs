@@ -23,6 +23,13 @@ pub struct Publisher {
     channel: Mutex<Option<Channel>>,
     /// When a channel was last retired after a nack.
     retired_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Held while a publish is handed to the client, one at a time. The
+    /// client numbers a publish for its confirm, then queues its frames, in
+    /// two steps that two threads can interleave: the broker then numbers the
+    /// publishes in the other order, and each caller gets the other's
+    /// confirm. A refused copy taken for confirmed would have its original
+    /// acked, and be lost. Confirms are still awaited side by side.
+    sending: Mutex<()>,
     /// Exchanges seen to exist, and when: the relay asks before every batch,
     /// and one answer serves for [`EXCHANGE_CHECK_TTL`] instead of a round trip
     /// per batch. An exchange deleted meanwhile is still caught by the publish.
@@ -44,6 +51,7 @@ impl Publisher {
             channel: Mutex::new(None),
             known_exchanges: Default::default(),
             retired_at: std::sync::Mutex::new(None),
+            sending: Mutex::new(()),
         }
     }
 
@@ -190,6 +198,18 @@ impl Publisher {
         }
     }
 
+    /// This caller's turn to hand publishes to the client (see `sending`).
+    /// Bounded like every broker call: a blocked connection holds each send
+    /// up to its own deadline, and the queue behind it no longer than this.
+    async fn turn(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, BrokerError> {
+        tokio::time::timeout(CALL_TIMEOUT, self.sending.lock())
+            .await
+            .map_err(|_| BrokerError::Timeout {
+                call: "the publisher's turn to send".into(),
+                after: CALL_TIMEOUT,
+            })
+    }
+
     /// Publishes every item, then waits for all their confirms: one round trip
     /// for the batch instead of one per message. Results are in input order.
     pub async fn publish_batch(&self, items: &[BatchItem<'_>]) -> Vec<Result<(), BrokerError>> {
@@ -205,8 +225,19 @@ impl Publisher {
         };
         let frame_max = self.frame_max();
         let mut pending = Vec::with_capacity(items.len());
-        for item in items {
-            pending.push(send(&channel, item, frame_max).await);
+        match self.turn().await {
+            Ok(_turn) => {
+                for item in items {
+                    pending.push(send(&channel, item, frame_max).await);
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                return items
+                    .iter()
+                    .map(|_| Err(BrokerError::Unavailable(text.clone())))
+                    .collect();
+            }
         }
         let waits = pending
             .into_iter()
@@ -260,7 +291,10 @@ impl Publisher {
             properties,
         };
         let channel = self.channel().await?;
-        let confirm = send(&channel, &item, self.frame_max()).await?;
+        let confirm = {
+            let _turn = self.turn().await?;
+            send(&channel, &item, self.frame_max()).await?
+        };
         let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
             .await
             .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))??;
