@@ -352,12 +352,12 @@ async fn shuffled_stream_with_duplicates_ends_at_the_highest_version<B: Backend>
 }
 
 /// A plain queue with lanes by the partition key and strict versions: tiers of
-/// 200 ms and 30 s.
+/// 200 ms and 5 s (a long one, 25 short waits).
 fn strict_config(broker: &TestBroker, gap_patience: Option<Duration>) -> ConsumerConfig {
     let b = broker
         .builder()
         .with_retry(
-            RetryPolicy::new([Duration::from_millis(200), Duration::from_secs(30)])
+            RetryPolicy::new([Duration::from_millis(200), Duration::from_secs(5)])
                 .with_max_attempts(3),
         )
         .ordered_by_header("partition-key");
@@ -379,7 +379,7 @@ async fn strict_sequence_waits_for_a_version_held_in_a_long_tier<B: Backend>() {
         let u = Update {
             customer: "cus_1".into(),
             version: v,
-            hold_ms: if v == 5 { 30_000 } else { 0 },
+            hold_ms: if v == 5 { 5_000 } else { 0 },
         };
         let m = Outgoing::new(UPDATE, 1, &u)
             .unwrap()
@@ -395,7 +395,7 @@ async fn strict_sequence_waits_for_a_version_held_in_a_long_tier<B: Backend>() {
         db.store.clone(),
         Registry::<B>::new().route(UPDATE, 1, strict::<B>),
     ));
-    // v1..v4 apply; v5 goes to the 30 s tier; v6..v8 wait in the short tier.
+    // v1..v4 apply; v5 goes to the 5 s tier; v6..v8 wait in the short tier.
     let stats = running.stats.clone();
     stats_reach(&stats, Duration::from_secs(20), |s| {
         s.applied == 4 && s.gap_waits >= 3
