@@ -96,7 +96,7 @@ async fn a_publisher_refused_by_a_full_quorum_queue_publishes_again_once_the_lim
     for n in 0..20 {
         match publish(n).await {
             Ok(()) => {}
-            Err(warren::broker::BrokerError::Nacked { .. }) => {
+            Err(BrokerError::Nacked { .. }) => {
                 refused = true;
                 break;
             }
@@ -109,7 +109,7 @@ async fn a_publisher_refused_by_a_full_quorum_queue_publishes_again_once_the_lim
     // replaced at once.
     let mut refused_again = 0;
     for n in 20..23 {
-        if let Err(warren::broker::BrokerError::Nacked { .. }) = publish(n).await {
+        if let Err(BrokerError::Nacked { .. }) = publish(n).await {
             refused_again += 1;
         }
     }
