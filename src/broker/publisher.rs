@@ -213,8 +213,11 @@ impl Publisher {
     /// Publishes every item, then waits for all their confirms: one round trip
     /// for the batch instead of one per message. Results are in input order.
     pub async fn publish_batch(&self, items: &[BatchItem<'_>]) -> Vec<Result<(), BrokerError>> {
-        let channel = match self.channel().await {
-            Ok(c) => c,
+        // The channel, then this caller's turn on it: either failing fails
+        // every item alike.
+        let opened = async { Ok::<_, BrokerError>((self.channel().await?, self.turn().await?)) };
+        let (channel, turn) = match opened.await {
+            Ok(both) => both,
             Err(e) => {
                 let text = e.to_string();
                 return items
@@ -225,20 +228,10 @@ impl Publisher {
         };
         let frame_max = self.frame_max();
         let mut pending = Vec::with_capacity(items.len());
-        match self.turn().await {
-            Ok(_turn) => {
-                for item in items {
-                    pending.push(send(&channel, item, frame_max).await);
-                }
-            }
-            Err(e) => {
-                let text = e.to_string();
-                return items
-                    .iter()
-                    .map(|_| Err(BrokerError::Unavailable(text.clone())))
-                    .collect();
-            }
+        for item in items {
+            pending.push(send(&channel, item, frame_max).await);
         }
+        drop(turn);
         let waits = pending
             .into_iter()
             .zip(items)
