@@ -317,6 +317,7 @@ async fn crashes_around_healthy_messages_condemn_none_on_classic<B: Backend>() {
 /// writing an outbox event, so that the relay's crash point fires too),
 /// restarting after every death: many deaths fall within one prefetch window,
 /// and no healthy message is dead-lettered.
+#[allow(clippy::print_stderr)]
 async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
@@ -348,6 +349,8 @@ async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
         },
     )
     .await;
+    // For the record of a stressed run: how many died (dozens, usually).
+    eprintln!("{deaths:?}");
     assert!(deaths.aborts >= 5, "the crash points fired: {deaths:?}");
     assert_blame(&db, &broker, &dlq, valid.len(), None).await;
     assert!(

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warren::broker::{BrokerError, Publisher};
-use warren::lapin::options::QueueDeclareOptions;
-use warren::lapin::types::{AMQPValue, FieldTable};
+use warren::lapin::types::AMQPValue;
 use warren::store::OutboxStore;
 use warren::{Consumer, Outgoing, Relay, RelayConfig};
 
@@ -39,29 +38,15 @@ on_all_backends!(
 async fn a_publisher_refused_by_a_full_quorum_queue_publishes_again_once_the_limit_is_lifted() {
     let broker = TestBroker::new().await;
     let queue = format!("{}.limited", broker.queue);
-    broker.track_queue(&queue);
-    let channel = broker.connection.create_channel().await.unwrap();
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    arguments.insert(
-        "x-overflow".into(),
-        AMQPValue::LongString("reject-publish".into()),
-    );
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            arguments,
+    broker
+        .declare_queue(
+            &queue,
+            &[
+                ("x-queue-type", AMQPValue::LongString("quorum".into())),
+                ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+            ],
         )
-        .await
-        .unwrap();
-    let _ = channel.close(200, "declared".into()).await;
+        .await;
     let limit = warren_chaos::QueuePolicy::set(
         &format!("{}-limit", broker.queue),
         &format!("^{}$", queue.replace('.', "\\.")),
@@ -153,27 +138,16 @@ async fn concurrent_publishes_each_get_their_own_confirm() {
     let broker = TestBroker::new().await;
     let refusing = format!("{}.refusing", broker.queue);
     let taking = format!("{}.taking", broker.queue);
-    let channel = broker.connection.create_channel().await.unwrap();
-    for (queue, limit) in [(&refusing, true), (&taking, false)] {
-        broker.track_queue(queue);
-        let mut arguments = FieldTable::default();
-        if limit {
-            arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
-            arguments.insert(
-                "x-overflow".into(),
-                AMQPValue::LongString("reject-publish".into()),
-            );
-        }
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                arguments,
-            )
-            .await
-            .unwrap();
-    }
-    let _ = channel.close(200, "declared".into()).await;
+    broker
+        .declare_queue(
+            &refusing,
+            &[
+                ("x-max-length", AMQPValue::LongLongInt(0)),
+                ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+            ],
+        )
+        .await;
+    broker.declare_queue(&taking, &[]).await;
 
     let publisher = Arc::new(Publisher::new(Arc::clone(&broker.connection)));
     let tasks: Vec<_> = (0..TASKS)

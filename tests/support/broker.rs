@@ -14,7 +14,7 @@ use warren::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use warren::lapin::types::FieldTable;
+use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
 use warren::telemetry::StatsHandle;
 use warren::{Consumer, ConsumerConfig, Error, Outgoing};
@@ -87,6 +87,29 @@ impl TestBroker {
     /// Remembers another queue to delete at cleanup.
     pub fn track_queue(&self, name: &str) {
         self.extra_queues.lock().unwrap().push(name.to_owned());
+    }
+
+    /// Declares a durable queue `name` with `arguments` (`x-queue-type`,
+    /// `x-overflow`, ...), removed at cleanup.
+    pub async fn declare_queue(&self, name: &str, arguments: &[(&str, AMQPValue)]) {
+        self.track_queue(name);
+        let mut table = FieldTable::default();
+        for (key, value) in arguments {
+            table.insert((*key).into(), value.clone());
+        }
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                table,
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "declared".into()).await;
     }
 
     pub fn dead_letter_queue(&self) -> String {
