@@ -13,13 +13,14 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use warren::retry::RetryPolicy;
 use warren::store::OutboxStore;
 use warren::topology::QueueType;
 use warren::{Consumer, Relay, RelayConfig};
 
 use crate::util::{
-    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, batch_routes, routes,
-    test_config, wait_for,
+    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TEST_TIERS, TestBroker, amqp_url, batch_routes,
+    routes, test_config, wait_for,
 };
 
 const CHILD_ENV: &str = "WARREN_TEST_CHILD";
@@ -51,6 +52,9 @@ pub(crate) struct ChildOptions {
     pub(crate) neighbour: Option<String>,
     /// Routes the jobs to the batch handler.
     pub(crate) batch_handler: bool,
+    /// Deaths while a message runs alone before it is poison, if not the
+    /// tests' usual `TEST_POISON_LIMIT`.
+    pub(crate) poison_limit: Option<u32>,
 }
 
 /// The consumer process. Does nothing unless started by a crash test.
@@ -101,6 +105,9 @@ async fn run_child<B: Backend>(spec: ChildSpec) {
         }
         if let Some(c) = options.concurrency {
             config = config.with_concurrency(c);
+        }
+        if let Some(limit) = options.poison_limit {
+            config = config.with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(limit));
         }
         config.build().unwrap()
     };
