@@ -18,11 +18,15 @@ use warren::admin::DeadLetterInfo;
 use warren::topology::QueueType;
 
 use crate::crash::{ChildOptions, ChildProcess, spawn_with};
-use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, TestDb, unique};
+use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TEST_TIERS, TestBroker, TestDb, unique};
+use warren::retry::RetryPolicy;
 
 const SIGABRT: i32 = 6;
 /// How long a healthy message's handler takes.
 const HANDLER_MS: u64 = 10;
+/// The poison limit where crash points fire at random around healthy
+/// messages (see `crashes_around_healthy_messages`).
+const CHANCE_POISON_LIMIT: u32 = 6;
 
 on_all_backends!(
     one_poison_message_among_a_thousand_is_the_only_dead_letter_on_quorum,
@@ -162,11 +166,18 @@ fn sigterm(child: &Child) {
 
 /// Declares the test consumer's topology with the processes' settings.
 async fn declare(broker: &TestBroker, queue_type: QueueType) {
+    declare_with_limit(broker, queue_type, TEST_POISON_LIMIT).await;
+}
+
+/// [`declare`], for processes whose poison limit is `poison_limit` (a quorum
+/// queue's delivery limit follows from it).
+async fn declare_with_limit(broker: &TestBroker, queue_type: QueueType, poison_limit: u32) {
     let config = broker
         .builder()
         .with_queue_type(queue_type)
         .with_prefetch(32)
         .with_concurrency(8)
+        .with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(poison_limit))
         .build()
         .unwrap();
     broker.declare_config(&config).await;
@@ -321,7 +332,7 @@ async fn crashes_around_healthy_messages_condemn_none_on_classic<B: Backend>() {
 async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
     let db = B::create().await;
     let broker = TestBroker::new().await;
-    declare(&broker, queue_type).await;
+    declare_with_limit(&broker, queue_type, CHANCE_POISON_LIMIT).await;
     let capture = broker.capture().await;
     let valid = publish(&broker, &broker.queue, 1000, true).await;
 
@@ -340,13 +351,13 @@ async fn crashes_around_healthy_messages<B: Backend>(queue_type: QueueType) {
     // tests' limit of 3, a message whose solo runs met a crash point three
     // times in a row is poison by the rule (seen once in CI: "ran alone 3
     // times and the process died each time"). A solo run meets one with a
-    // chance of a few percent, and a run has dozens of deaths, most of them
-    // in solo runs; at a limit of 6 a condemnation by coincidence needs five
-    // more such draws in a row after one. What this test proves is that no
+    // chance of a few percent, and a run has dozens of deaths, each followed
+    // by a window of solo runs; at a limit of 6 a condemnation by
+    // coincidence needs five more such draws in a row after one. What this test proves is that no
     // death around a healthy message is blamed on it unless it ran alone.
     let opts = ChildOptions {
         relay: true,
-        poison_limit: Some(6),
+        poison_limit: Some(CHANCE_POISON_LIMIT),
         ..options()
     };
     let deaths = run_until_done(
