@@ -18,8 +18,7 @@ use warren::admin::DeadLetterInfo;
 use warren::topology::QueueType;
 
 use crate::crash::{ChildOptions, ChildProcess, spawn_with};
-use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TEST_TIERS, TestBroker, TestDb, unique};
-use warren::retry::RetryPolicy;
+use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, TestDb, test_retry, unique};
 
 const SIGABRT: i32 = 6;
 /// How long a healthy message's handler takes.
@@ -177,7 +176,7 @@ async fn declare_with_limit(broker: &TestBroker, queue_type: QueueType, poison_l
         .with_queue_type(queue_type)
         .with_prefetch(32)
         .with_concurrency(8)
-        .with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(poison_limit))
+        .with_retry(test_retry(poison_limit))
         .build()
         .unwrap();
     broker.declare_config(&config).await;

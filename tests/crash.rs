@@ -13,14 +13,13 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use warren::retry::RetryPolicy;
 use warren::store::OutboxStore;
 use warren::topology::QueueType;
 use warren::{Consumer, Relay, RelayConfig};
 
 use crate::util::{
-    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TEST_TIERS, TestBroker, amqp_url, batch_routes,
-    routes, test_config, wait_for,
+    Backend, Job, Mode, Running, TEST_POISON_LIMIT, TestBroker, amqp_url, batch_routes, routes,
+    test_config, test_retry, wait_for,
 };
 
 const CHILD_ENV: &str = "WARREN_TEST_CHILD";
@@ -107,7 +106,7 @@ async fn run_child<B: Backend>(spec: ChildSpec) {
             config = config.with_concurrency(c);
         }
         if let Some(limit) = options.poison_limit {
-            config = config.with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(limit));
+            config = config.with_retry(test_retry(limit));
         }
         config.build().unwrap()
     };

@@ -218,11 +218,16 @@ pub const TEST_TIERS: [Duration; 3] = [
 /// Deaths while a message ran alone before it is poison, in tests.
 pub const TEST_POISON_LIMIT: u32 = 3;
 
+/// The tests' short retry tiers, with `poison_limit` deaths alone before poison.
+pub fn test_retry(poison_limit: u32) -> RetryPolicy {
+    RetryPolicy::new(TEST_TIERS).with_poison_limit(poison_limit)
+}
+
 /// A consumer configuration with short delays, so tests are quick.
 pub fn test_config(name: &str, queue: &str, exchange: &str) -> ConsumerConfigBuilder {
     ConsumerConfig::builder(name, queue)
         .bind(exchange, ["test.#"])
-        .with_retry(RetryPolicy::new(TEST_TIERS).with_poison_limit(TEST_POISON_LIMIT))
+        .with_retry(test_retry(TEST_POISON_LIMIT))
         .with_failure_backoff(Duration::from_millis(200))
         .with_shutdown_timeout(Duration::from_secs(10))
 }
