@@ -5,7 +5,7 @@
 //! live ones.
 
 use super::facts::{ApiFacts, BrokerFacts};
-use super::node_checks::{consumer_timeout, frame_size, max_message_size};
+use super::node_checks::{consumer_timeout, frame_size, max_message_size, retry_handoff};
 use super::queue_checks::{Role, queue_checks};
 use super::report::{Check, Status};
 use super::version::NegativeLimit;
@@ -66,6 +66,7 @@ pub fn check_broker(config: &ConsumerConfig, facts: &BrokerFacts) -> Vec<Check> 
     }
     checks.push(consumer_timeout(config, facts, &topology, version));
     checks.push(max_message_size(config, facts, version));
+    checks.push(retry_handoff(config, facts));
     checks.push(frame_size(facts));
     checks
 }

@@ -263,6 +263,11 @@ pub struct NodeSettings {
     pub max_message_size: Option<u64>,
     /// `frame_max` in bytes, if set.
     pub frame_max: Option<u64>,
+    /// How long a quorum queue's dead-letter worker waits for the confirm of
+    /// a message it handed on before it sends it again, in milliseconds, if
+    /// set: `dead_letter_worker_publisher_confirm_timeout_ms` (4.x) or
+    /// `dead_letter_worker_publisher_confirm_timeout` (3.x).
+    pub dead_letter_resend_ms: Option<u64>,
 }
 
 impl NodeSettings {
@@ -286,6 +291,8 @@ impl NodeSettings {
             consumer_timeout_ms: number("consumer_timeout"),
             max_message_size: number("max_message_size"),
             frame_max: number("frame_max"),
+            dead_letter_resend_ms: number("dead_letter_worker_publisher_confirm_timeout_ms")
+                .or_else(|| number("dead_letter_worker_publisher_confirm_timeout")),
         })
     }
 }
@@ -354,6 +361,7 @@ mod tests {
  {rabbit,
      [{auth_backends,[rabbit_auth_backend_internal]},
       {consumer_timeout,1800000},
+      {dead_letter_worker_publisher_confirm_timeout,180000},
       {frame_max,131072},
       {log,[{console,[{formatter,{rabbit_logger_text_fmt,#{prefix_format => [time,\" [\",level,\"] \"]}}}]}]},
       {loopback_users,[<<\"guest\">>]},
@@ -369,6 +377,14 @@ mod tests {
         assert_eq!(settings.consumer_timeout_ms, Some(1_800_000));
         assert_eq!(settings.max_message_size, Some(134_217_728));
         assert_eq!(settings.frame_max, Some(131_072));
+        assert_eq!(settings.dead_letter_resend_ms, Some(180_000));
+        // 4.x names it with _ms; either is read, not a prefix of the other.
+        let four = ENVIRONMENT.replace(
+            "{dead_letter_worker_publisher_confirm_timeout,180000}",
+            "{dead_letter_worker_publisher_confirm_timeout_ms,15000}",
+        );
+        let settings = NodeSettings::read_environment(&four).unwrap();
+        assert_eq!(settings.dead_letter_resend_ms, Some(15_000));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The node settings against the consumer's configuration:
 //! `consumer_timeout` against the longest warren holds a delivery,
 //! `max_message_size` against `max_body_bytes`, the frame size against the
-//! largest headers warren writes.
+//! largest headers warren writes, the dead-letter worker's resend time
+//! against how late a retry may come back.
 
 use std::time::Duration;
 
@@ -136,6 +137,75 @@ pub(super) fn consumer_timeout(
                 "{timeout} ms ({from}), above the {} ms warren holds a delivery at most; when it \
                  fires the broker {fires}",
                 ms(hold)
+            ),
+        )
+    }
+}
+
+/// A resend time above this makes a retry that a failover caught come back
+/// minutes late; warren's cluster runs use 15 s.
+const RESEND_ADVISED_MS: u64 = 30_000;
+
+/// What every version with at-least-once dead-lettering (3.10 on) sets.
+const RESEND_DEFAULT_MS: u64 = 180_000;
+
+/// A quorum retry tier hands each expired message back to the consumer's
+/// queue through the broker's dead-letter worker, which sends it again only
+/// when its confirm has not come within this time: when the node that led
+/// both queues stops, the tier's new leader can hand a message to a queue
+/// still electing its own, and that retry waits the whole time (seen in
+/// warren's cluster campaigns: 180 s at the default, or longer).
+pub(super) fn retry_handoff(config: &ConsumerConfig, facts: &BrokerFacts) -> Check {
+    const NAME: &str = "retry-handoff";
+    if config.queue_type != QueueType::Quorum || config.retry.tiers().is_empty() {
+        return Check::new(
+            NAME,
+            BROKER,
+            Status::Pass,
+            "no quorum retry tiers: nothing is handed back through the dead-letter worker",
+        );
+    }
+    let Some(node) = &facts.node else {
+        return Check::new(
+            NAME,
+            BROKER,
+            Status::Skip,
+            format!(
+                "the node's dead_letter_worker_publisher_confirm_timeout could not be read: {}",
+                facts.node_missing.as_deref().unwrap_or("not asked")
+            ),
+        )
+        .fix("run the doctor on a broker host (it reads `rabbitmqctl environment`)");
+    };
+    let (resend, from) = match node.dead_letter_resend_ms {
+        Some(ms) => (ms, "the node's"),
+        None => (RESEND_DEFAULT_MS, "unset on the node: the default"),
+    };
+    if resend > RESEND_ADVISED_MS {
+        Check::new(
+            NAME,
+            BROKER,
+            Status::Warn,
+            format!(
+                "the dead-letter worker resends an unconfirmed hand-off after {resend} ms ({from}): \
+                 a retry whose tier hands it back while a node stops (the consumer's queue \
+                 electing a leader) comes back that much later than its tier's delay"
+            ),
+        )
+        .fix(format!(
+            "set dead_letter_worker_publisher_confirm_timeout (3.x; \
+             dead_letter_worker_publisher_confirm_timeout_ms on 4.x) to 15000 in the rabbit \
+             section of advanced.config, at most {RESEND_ADVISED_MS}; see docs/production.md, \
+             \"Retries across a failover\""
+        ))
+    } else {
+        Check::new(
+            NAME,
+            BROKER,
+            Status::Pass,
+            format!(
+                "the dead-letter worker resends an unconfirmed hand-off after {resend} ms ({from}), \
+                 so a hand-off a failover caught is sent again that soon"
             ),
         )
     }

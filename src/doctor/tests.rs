@@ -48,6 +48,7 @@ fn node(timeout_ms: Option<u64>, max_message_size: Option<u64>) -> NodeSettings 
         consumer_timeout_ms: timeout_ms,
         max_message_size,
         frame_max: Some(131_072),
+        dead_letter_resend_ms: Some(15_000),
     }
 }
 
@@ -217,6 +218,49 @@ fn on_4_3_the_topology_as_declared_passes_and_the_new_rules_are_named() {
         find(&old, "consumer-timeout", "broker")
             .detail
             .contains("closes the channel")
+    );
+}
+
+#[test]
+fn a_retry_handoff_resent_late_is_a_warning_with_the_setting_to_change() {
+    let config = consumer();
+    let with = |resend: Option<u64>| {
+        let mut f = facts("3.10.8");
+        let mut n = node(Some(1_800_000), None);
+        n.dead_letter_resend_ms = resend;
+        f.node = Some(n);
+        find(&check_broker(&config, &f), "retry-handoff", "broker").clone()
+    };
+    let default = with(Some(180_000));
+    assert_eq!(default.status, Status::Warn, "{default:?}");
+    assert!(default.detail.contains("180000 ms"), "{default:?}");
+    assert!(
+        default
+            .fix
+            .contains("dead_letter_worker_publisher_confirm_timeout"),
+        "{default:?}"
+    );
+    // Unset: the default every version with the worker has.
+    let unset = with(None);
+    assert_eq!(unset.status, Status::Warn);
+    assert!(unset.detail.contains("180000 ms (unset"), "{unset:?}");
+    assert_eq!(with(Some(15_000)).status, Status::Pass);
+    // Classic tiers hand nothing back through the worker.
+    let classic = ConsumerConfig::builder("rec", "rec.orders")
+        .with_queue_type(crate::topology::QueueType::Classic)
+        .build()
+        .unwrap();
+    let mut f = facts("3.10.8");
+    f.node = None;
+    let check = find(&check_broker(&classic, &f), "retry-handoff", "broker").clone();
+    assert_eq!(check.status, Status::Pass, "{check:?}");
+    // Quorum tiers on a node not read: skipped, saying why.
+    f.node_missing = Some("rabbitmqctl not found".into());
+    let skipped = find(&check_broker(&config, &f), "retry-handoff", "broker").clone();
+    assert_eq!(skipped.status, Status::Skip);
+    assert!(
+        skipped.detail.contains("rabbitmqctl not found"),
+        "{skipped:?}"
     );
 }
 

@@ -182,6 +182,14 @@ impl Cluster {
         self.run(&["heal"]).await.map(drop)
     }
 
+    /// Queues named from `prefix` on that hold messages not ready, as
+    /// `(queue, unacknowledged, held back)`: held back are those in the
+    /// total but neither ready nor unacknowledged (on a quorum queue, messages
+    /// it dead-lettered at-least-once and has not yet handed on).
+    pub async fn not_ready(&self, prefix: &str) -> Result<Vec<(String, u64, u64)>, String> {
+        Ok(not_ready_of(&self.run(&["held", prefix]).await?))
+    }
+
     /// Waits until stopping node `n` leaves every quorum queue a majority.
     pub async fn wait_quorum_safe(&self, n: usize, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
@@ -334,9 +342,37 @@ fn node_index(node: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{node:?} is not a node of the cluster (rabbit@wrnN)"))
 }
 
+/// The lines `NAME UNACKED HELD` of the control script's `held`.
+fn not_ready_of(listing: &str) -> Vec<(String, u64, u64)> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let name = fields.next()?.to_owned();
+            let unacked = fields.next()?.parse().ok()?;
+            let held = fields.next()?.parse().ok()?;
+            Some((name, unacked, held))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queues_not_ready_are_read_a_line_each() {
+        let listing = "p.q.retry.5s 0 3\np.customer-credit.2 1 0\n";
+        assert_eq!(
+            not_ready_of(listing),
+            [
+                ("p.q.retry.5s".to_owned(), 0, 3),
+                ("p.customer-credit.2".to_owned(), 1, 0)
+            ]
+        );
+        assert!(not_ready_of("").is_empty());
+        assert!(not_ready_of("p.q three 0").is_empty());
+    }
 
     #[test]
     fn faults_are_named_on_the_command_line() {

@@ -190,6 +190,16 @@ async fn node_settings_are_read_with_rabbitmqctl() {
         "{size}"
     );
     assert_eq!(status(&found, "frame-size", "broker")["status"], "pass");
+    // This broker keeps the dead-letter worker's default resend time.
+    let handoff = status(&found, "retry-handoff", "broker");
+    assert_eq!(handoff["status"], "warn", "{handoff}");
+    assert!(
+        handoff["detail"]
+            .as_str()
+            .unwrap()
+            .contains("after 180000 ms (the node's)"),
+        "{handoff}"
+    );
     // A solo run longer than the broker's consumer_timeout (30 min here):
     // the broker would close the channel first.
     let out = doctor(&queue, &["--json", "--solo-timeout", "45m"]).await;

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warren::admin::DeadLetterQueue;
-use warren::store::DeadLetterStore;
 use warren::store::OutboxStore;
+use warren::store::{DeadLetterStore, Journal};
 use warren_chaos::{Campaign, Check, Cluster, ClusterFault, Failover, FaultMix, Fleet, Report};
 
 use crate::config::Config;
-use crate::credit::{self, CreditSpec};
+use crate::credit::{self, CREDIT_CONSUMER, CreditSpec};
 use crate::db::{self, BillingDb};
 use crate::handlers::CONSUMER;
 use crate::scratch;
@@ -570,11 +570,29 @@ pub async fn run<B: BillingDb>(
                 queued.join(", ")
             },
         );
-        if drain_start.elapsed() > spec.drain_deadline {
+        let overdue = drain_start.elapsed() > spec.drain_deadline;
+        // A drain that takes long says what it waits for, so that one that
+        // never ends can be read from its output: on the cluster, that
+        // includes the messages a queue holds that are not ready (delivered
+        // to a consumer that has not settled them, or a quorum retry tier's
+        // expired messages the broker has not yet moved on).
+        if (overdue || last_report.elapsed() > Duration::from_secs(30))
+            && let Some((cluster, ..)) = &spec.cluster
+        {
+            let not_ready = match cluster.not_ready(&names.prefix).await {
+                Ok(q) if q.is_empty() => "none".to_owned(),
+                Ok(q) => q
+                    .iter()
+                    .map(|(q, unacked, held)| format!("{q}: {unacked} unacked, {held} held back"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Err(e) => format!("not listed ({e})"),
+            };
+            waiting_for.push_str(&format!("; not ready: {not_ready}"));
+        }
+        if overdue {
             break false;
         }
-        // A drain that takes long says what it waits for, so that one that
-        // never ends can be read from its output.
         if last_report.elapsed() > Duration::from_secs(30) {
             last_report = Instant::now();
             println!(
@@ -788,6 +806,27 @@ pub async fn run<B: BillingDb>(
         .take(2)
     {
         checks.push(Check::new("credit stream: ordering", ok, text));
+    }
+    // Where each update a customer lacks went, from the consumer's journal
+    // (every outcome but an applied one): the trail a failed run is read by.
+    for (customer, version, id) in credit::missing(&credit_plan, &credit_state) {
+        let trail = match store.journal_of_message(CREDIT_CONSUMER, &id, 50).await {
+            Ok(entries) if entries.is_empty() => "no journal entry".to_owned(),
+            Ok(entries) => entries
+                .iter()
+                .map(|e| format!("{} {}", e.at.format("%H:%M:%S%.3f"), e.described()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(e) => format!("journal not read: {e}"),
+        };
+        println!(
+            "credit trail: {customer} version {version} ({id}) not applied (applied in order: {:?}); {trail}",
+            credit_state
+                .applied
+                .get(&customer)
+                .cloned()
+                .unwrap_or_default()
+        );
     }
     checks.push(Check::new(
         "credit stream: nothing dead-lettered",

@@ -153,6 +153,8 @@ pub struct CreditPlan {
     pub unique: usize,
     /// customer -> (highest version, its limit).
     pub last: BTreeMap<String, (i64, String)>,
+    /// customer -> (version, message id) of each distinct message.
+    pub ids: BTreeMap<String, Vec<(i64, String)>>,
 }
 
 /// The limit version `v` of a customer sets: deterministic, so the expected final
@@ -180,6 +182,7 @@ pub fn plan(spec: &CreditSpec) -> CreditPlan {
     let mut ordered = Vec::new();
     let mut shuffled = Vec::new();
     let mut last = BTreeMap::new();
+    let mut ids: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
     for i in 0..spec.customers {
         let customer = name(i);
         for v in 1..=spec.versions {
@@ -190,6 +193,9 @@ pub fn plan(spec: &CreditSpec) -> CreditPlan {
             let message = Outgoing::new(LIMIT_SET, 1, &payload)
                 .expect("a serializable payload")
                 .with_partition_key(&customer);
+            ids.entry(customer.clone())
+                .or_default()
+                .push((v, message.meta().message_id.clone()));
             if i % 2 == 0 {
                 ordered.push(message);
             } else {
@@ -220,6 +226,7 @@ pub fn plan(spec: &CreditSpec) -> CreditPlan {
         messages,
         unique,
         last,
+        ids,
     }
 }
 
@@ -232,6 +239,21 @@ impl Serialize for RawNumber<'_> {
             .map_err(serde::ser::Error::custom)?
             .serialize(s)
     }
+}
+
+/// The messages a customer's final state lacks: for each customer not at
+/// its highest version, those of versions above the one applied, as
+/// `(customer, version, message id)`.
+pub fn missing(plan: &CreditPlan, state: &CreditState) -> Vec<(String, i64, String)> {
+    plan.ids
+        .iter()
+        .flat_map(|(customer, ids)| {
+            let applied = state.limits.get(customer).map_or(0, |(_, v)| *v);
+            ids.iter()
+                .filter(move |(v, _)| *v > applied)
+                .map(move |(v, id)| (customer.clone(), *v, id.clone()))
+        })
+        .collect()
 }
 
 /// The ordering checks on what the tables hold: `(ok, text)` per check.

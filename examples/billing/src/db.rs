@@ -110,6 +110,7 @@ pub trait BillingDb: warren::store::Dialect {
         + warren::store::Retention
         + warren::store::DeadLetterStore
         + warren::store::Checkup
+        + warren::store::Journal
         + Store<Db = Self>;
 
     /// Creates billing's tables if missing (warren's are migrated by warren).
