@@ -187,7 +187,7 @@ impl Cluster {
     /// total but neither ready nor unacknowledged (on a quorum queue, messages
     /// it dead-lettered at-least-once and has not yet handed on).
     pub async fn not_ready(&self, prefix: &str) -> Result<Vec<(String, u64, u64)>, String> {
-        Ok(not_ready_of(&self.run(&["held", prefix]).await?))
+        Ok(not_ready_of(&self.run(&["not-ready", prefix]).await?))
     }
 
     /// Waits until stopping node `n` leaves every quorum queue a majority.
@@ -342,7 +342,7 @@ fn node_index(node: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{node:?} is not a node of the cluster (rabbit@wrnN)"))
 }
 
-/// The lines `NAME UNACKED HELD` of the control script's `held`.
+/// The lines `NAME UNACKED HELD` of the control script's `not-ready`.
 fn not_ready_of(listing: &str) -> Vec<(String, u64, u64)> {
     listing
         .lines()

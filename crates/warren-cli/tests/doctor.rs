@@ -44,6 +44,13 @@ fn status<'a>(checks: &'a [Value], check: &str, subject: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {check} on {subject}: {checks:#?}"))
 }
 
+/// A check's `detail`, which every check has.
+fn detail(check: &Value) -> &str {
+    check["detail"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no detail: {check}"))
+}
+
 fn failed(checks: &[Value]) -> Vec<&Value> {
     checks.iter().filter(|c| c["status"] == "fail").collect()
 }
@@ -122,17 +129,14 @@ async fn policies_that_break_the_topology_fail_and_an_operator_cap_warns() {
     };
     let dlq_limit = status(&broken, "delivery-limit", &dlq);
     assert_eq!(dlq_limit["status"], "fail", "{dlq_limit}");
-    let detail = dlq_limit["detail"].as_str().unwrap();
+    let dlq_detail = detail(dlq_limit);
     assert!(
-        detail.contains(&format!("20 (policy \"{queue}-dlq-limit\")")),
-        "{detail}"
+        dlq_detail.contains(&format!("20 (policy \"{queue}-dlq-limit\")")),
+        "{dlq_detail}"
     );
     let tier_ttl = status(&broken, "retry-ttl", &tier);
     assert_eq!(tier_ttl["status"], "fail", "{tier_ttl}");
-    assert!(
-        tier_ttl["detail"].as_str().unwrap().contains("300 ms"),
-        "{tier_ttl}"
-    );
+    assert!(detail(tier_ttl).contains("300 ms"), "{tier_ttl}");
     assert!(
         tier_ttl["fix"].as_str().unwrap().contains("message-ttl"),
         "{tier_ttl}"
@@ -140,10 +144,7 @@ async fn policies_that_break_the_topology_fail_and_an_operator_cap_warns() {
     let main_cap = status(&broken, "max-length", &queue);
     assert_eq!(main_cap["status"], "warn", "{main_cap}");
     assert!(
-        main_cap["detail"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("operator policy \"{queue}-cap\"")),
+        detail(main_cap).contains(&format!("operator policy \"{queue}-cap\"")),
         "{main_cap}"
     );
     assert_eq!(failed(&broken).len(), 2, "{:#?}", failed(&broken));
@@ -175,18 +176,12 @@ async fn node_settings_are_read_with_rabbitmqctl() {
     let timeout = status(&found, "consumer-timeout", "broker");
     assert_eq!(timeout["status"], "pass", "{timeout}");
     assert!(
-        timeout["detail"]
-            .as_str()
-            .unwrap()
-            .contains("(the node's consumer_timeout)"),
+        detail(timeout).contains("(the node's consumer_timeout)"),
         "{timeout}"
     );
     let size = status(&found, "max-message-size", "broker");
     assert!(
-        size["detail"]
-            .as_str()
-            .unwrap()
-            .contains("(the node's max_message_size)"),
+        detail(size).contains("(the node's max_message_size)"),
         "{size}"
     );
     assert_eq!(status(&found, "frame-size", "broker")["status"], "pass");
@@ -194,10 +189,7 @@ async fn node_settings_are_read_with_rabbitmqctl() {
     let handoff = status(&found, "retry-handoff", "broker");
     assert_eq!(handoff["status"], "warn", "{handoff}");
     assert!(
-        handoff["detail"]
-            .as_str()
-            .unwrap()
-            .contains("after 180000 ms (the node's)"),
+        detail(handoff).contains("after 180000 ms (the node's)"),
         "{handoff}"
     );
     // A solo run longer than the broker's consumer_timeout (30 min here):
@@ -207,13 +199,7 @@ async fn node_settings_are_read_with_rabbitmqctl() {
     let found = checks(&out);
     let timeout = status(&found, "consumer-timeout", "broker");
     assert_eq!(timeout["status"], "fail", "{timeout}");
-    assert!(
-        timeout["detail"]
-            .as_str()
-            .unwrap()
-            .contains("closes the channel"),
-        "{timeout}"
-    );
+    assert!(detail(timeout).contains("closes the channel"), "{timeout}");
     delete(&queue).await;
 }
 
@@ -243,20 +229,11 @@ async fn what_cannot_be_asked_is_skipped_and_no_password_is_printed() {
     let found = checks(&out);
     let api = status(&found, "management-api", "broker");
     assert_eq!(api["status"], "skip");
-    assert!(
-        api["detail"]
-            .as_str()
-            .unwrap()
-            .contains("http://127.0.0.1:9/"),
-        "{api}"
-    );
+    assert!(detail(api).contains("http://127.0.0.1:9/"), "{api}");
     let timeout = status(&found, "consumer-timeout", "broker");
     assert_eq!(timeout["status"], "skip");
     assert!(
-        timeout["detail"]
-            .as_str()
-            .unwrap()
-            .contains("/nonexistent/rabbitmqctl"),
+        detail(timeout).contains("/nonexistent/rabbitmqctl"),
         "{timeout}"
     );
     // The AMQP connection still answers.
@@ -429,28 +406,13 @@ async fn doctor_checks_the_database<B: Backend>() {
     let found = checks(&out);
     let inbox = status(&found, "inbox", "database");
     assert_eq!(inbox["status"], "warn", "{inbox}");
-    assert!(
-        inbox["detail"].as_str().unwrap().starts_with("2 of 2 rows"),
-        "{inbox}"
-    );
+    assert!(detail(inbox).starts_with("2 of 2 rows"), "{inbox}");
     let outbox = status(&found, "outbox", "database");
     assert_eq!(outbox["status"], "warn", "{outbox}");
-    assert!(
-        outbox["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("2 rows pending"),
-        "{outbox}"
-    );
+    assert!(detail(outbox).starts_with("2 rows pending"), "{outbox}");
     let letters = status(&found, "dead-letters", "database");
     assert_eq!(letters["status"], "warn", "{letters}");
-    assert!(
-        letters["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("1 unresolved"),
-        "{letters}"
-    );
+    assert!(detail(letters).starts_with("1 unresolved"), "{letters}");
     assert_eq!(status(&found, "clock-skew", "database")["status"], "pass");
     // Without a retention window, nothing purges the inbox.
     let unbounded = checks(&run(Vec::new()).await);
@@ -472,13 +434,7 @@ async fn doctor_checks_the_database<B: Backend>() {
     let found = checks(&out);
     let migrations = status(&found, "migrations", "database");
     assert_eq!(migrations["status"], "fail", "{migrations}");
-    assert!(
-        migrations["detail"]
-            .as_str()
-            .unwrap()
-            .contains("version 9999"),
-        "{migrations}"
-    );
+    assert!(detail(migrations).contains("version 9999"), "{migrations}");
 
     broker.cleanup().await;
     db.drop_db().await;
