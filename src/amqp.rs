@@ -47,7 +47,13 @@ pub fn header_str<'a>(headers: &'a FieldTable, name: &str) -> Option<std::borrow
 
 /// Reads an integer header, whichever integer type the producer used.
 pub fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
-    match headers.inner().get(name)? {
+    int_value(headers.inner().get(name)?)
+}
+
+/// An integer value, whichever integer type the producer used (amqplib, for
+/// one, sends the smallest that fits: 8 or 16 bits).
+pub fn int_value(value: &AMQPValue) -> Option<i64> {
+    match value {
         AMQPValue::ShortShortInt(v) => Some((*v).into()),
         AMQPValue::ShortShortUInt(v) => Some((*v).into()),
         AMQPValue::ShortInt(v) => Some((*v).into()),

@@ -5,13 +5,14 @@
 //! consumer files it under; nothing in this module is retried.
 
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::amqp::{MAX_SHORT_STRING_LEN, truncate};
 use crate::failure::DeadLetterReason;
+use crate::format::Identity;
 
-/// The only content type warren accepts and produces.
+pub use crate::format::Incoming;
+
+/// The content type warren's envelope is sent with.
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 
 /// Default upper bound on a message body: 1 MiB.
@@ -21,42 +22,40 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// unbounded id is an unbounded index entry.
 pub const MAX_MESSAGE_ID_LEN: usize = 200;
 
-/// What the envelope says about a message, apart from its payload.
+/// What a message says about itself, apart from its payload, whatever its
+/// format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
-    /// The producer's identity for this message; the deduplication key.
+    /// The id warren deduplicates by: the inbox key, the journal's and the
+    /// dead-letter store's message id ([`Identity::key`]). For warren's
+    /// envelope and any producer's own id, that id.
     pub message_id: String,
+    /// Who the message is, as it arrived: the producer's id, a CloudEvent's
+    /// `source` and `id`, or the key its route derived.
+    pub identity: Identity,
+    /// The format it was read in (`warren`, `bare`, `cloudevents`, ...).
+    pub format: &'static str,
     /// Event type, e.g. `billing.invoice-paid.v1`.
     pub event_type: String,
     /// Schema version of the payload.
     pub schema_version: u32,
-    /// When the business event happened, as the producer saw it.
-    pub occurred_at: DateTime<Utc>,
-    /// Id shared by every message of one business flow.
+    /// When the business event happened, as the producer saw it; `None` if
+    /// the message does not say (a bare payload without a timestamp).
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// Id shared by every message of one business flow; the message's own
+    /// id when its producer sent none.
     pub correlation_id: String,
     /// Id of the message that caused this one; `None` for the first message of a flow.
     pub causation_id: Option<String>,
 }
 
-/// A validated incoming message: metadata plus the still-serialized payload.
+/// A validated incoming message in warren's envelope: metadata plus the
+/// still-serialized payload.
 #[derive(Debug)]
 pub struct Envelope {
     /// The envelope fields.
     pub meta: Metadata,
     payload: Box<RawValue>,
-}
-
-/// The parts of an AMQP delivery that validation looks at.
-#[derive(Debug, Clone, Copy)]
-pub struct Incoming<'a> {
-    /// The AMQP `message_id` property.
-    pub message_id: Option<&'a str>,
-    /// The AMQP `content_type` property.
-    pub content_type: Option<&'a str>,
-    /// The AMQP `content_encoding` property.
-    pub content_encoding: Option<&'a str>,
-    /// The raw body.
-    pub body: &'a [u8],
 }
 
 /// Why a message was refused before reaching a handler.
@@ -70,7 +69,8 @@ pub struct InvalidMessage {
 }
 
 impl InvalidMessage {
-    pub(crate) fn new(reason: DeadLetterReason, detail: impl Into<String>) -> Self {
+    /// A refusal for `reason`, explained by `detail` (never the payload).
+    pub fn new(reason: DeadLetterReason, detail: impl Into<String>) -> Self {
         Self {
             reason,
             detail: detail.into(),
@@ -78,140 +78,19 @@ impl InvalidMessage {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct WireIn {
-    message_id: String,
-    event_type: String,
-    schema_version: u32,
-    occurred_at_utc: DateTime<Utc>,
-    correlation_id: String,
-    #[serde(default)]
-    causation_id: Option<String>,
-    payload: Box<RawValue>,
-}
-
 impl Envelope {
-    /// Validates a delivery: size, content type, the `message_id` property, JSON, the
-    /// envelope's fields, and that the body's id equals the property.
+    /// Validates a delivery in warren's envelope: size, content type, the
+    /// `message_id` property, JSON, the envelope's fields, and that the
+    /// body's id equals the property.
     pub fn parse(incoming: Incoming<'_>, max_body_bytes: usize) -> Result<Self, InvalidMessage> {
-        use DeadLetterReason as R;
-        if incoming.body.len() > max_body_bytes {
-            return Err(InvalidMessage::new(
-                R::BodyTooLarge,
-                format!(
-                    "body is {} bytes, the limit is {max_body_bytes}",
-                    incoming.body.len()
-                ),
-            ));
-        }
-        check_content_type(incoming.content_type)?;
-        if let Some(encoding) = incoming.content_encoding
-            && !(encoding.is_empty() || encoding.eq_ignore_ascii_case("identity"))
-        {
-            return Err(InvalidMessage::new(
-                R::UnsupportedContentEncoding,
-                format!(
-                    "content encoding is {:?}; warren reads only unencoded JSON",
-                    truncate(encoding, 64)
-                ),
-            ));
-        }
-        let property_id = match incoming.message_id {
-            Some(id) if !id.is_empty() => id,
-            _ => {
-                return Err(InvalidMessage::new(
-                    R::MissingMessageId,
-                    "the AMQP message_id property is missing or empty",
-                ));
-            }
-        };
-        // serde lets a struct deserialize from a JSON array too (fields by
-        // position); an envelope is an object, nothing else.
-        let first = incoming
-            .body
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .copied();
-        if first != Some(b'{') {
-            let reason = if serde_json::from_slice::<serde::de::IgnoredAny>(incoming.body).is_ok() {
-                R::InvalidEnvelope
-            } else {
-                R::InvalidJson
-            };
-            return Err(InvalidMessage::new(
-                reason,
-                "the body must be a JSON object (an envelope)",
-            ));
-        }
-        let wire: WireIn = serde_json::from_slice(incoming.body).map_err(|e| {
-            let reason = if e.is_data() {
-                R::InvalidEnvelope
-            } else {
-                R::InvalidJson
-            };
-            InvalidMessage::new(reason, e.to_string())
-        })?;
-        if wire.message_id.is_empty() || wire.message_id.len() > MAX_MESSAGE_ID_LEN {
-            return Err(InvalidMessage::new(
-                R::InvalidEnvelope,
-                format!("messageId must be 1 to {MAX_MESSAGE_ID_LEN} characters"),
-            ));
-        }
-        if wire.message_id != property_id {
-            return Err(InvalidMessage::new(
-                R::MessageIdMismatch,
-                format!(
-                    "body messageId {:?} differs from the message_id property {property_id:?}",
-                    wire.message_id
-                ),
-            ));
-        }
-        for (field, value) in [
-            ("messageId", wire.message_id.as_str()),
-            ("eventType", wire.event_type.as_str()),
-            ("correlationId", wire.correlation_id.as_str()),
-            (
-                "causationId",
-                wire.causation_id.as_deref().unwrap_or_default(),
-            ),
-        ] {
-            // Each of these travels on in an AMQP short-string property (the
-            // outbox copies the correlation id onto every event it causes).
-            if value.len() > MAX_SHORT_STRING_LEN {
-                return Err(InvalidMessage::new(
-                    R::InvalidEnvelope,
-                    format!(
-                        "{field} is {} bytes, the limit is {MAX_SHORT_STRING_LEN}",
-                        value.len()
-                    ),
-                ));
-            }
-            // A NUL byte, for one, is a string no PostgreSQL text column accepts:
-            // refused here, it cannot turn into a database error later.
-            if value.chars().any(char::is_control) {
-                return Err(InvalidMessage::new(
-                    R::InvalidEnvelope,
-                    format!("{field} contains a control character"),
-                ));
-            }
-        }
-        if wire.event_type.is_empty() {
-            return Err(InvalidMessage::new(
-                R::InvalidEnvelope,
-                "eventType is empty",
-            ));
-        }
+        let read = crate::format::Formats::default().read(&incoming, max_body_bytes)?;
+        let identity = read
+            .identity
+            .clone()
+            .expect("warren's envelope always has an id");
         Ok(Envelope {
-            meta: Metadata {
-                message_id: wire.message_id,
-                event_type: wire.event_type,
-                schema_version: wire.schema_version,
-                occurred_at: wire.occurred_at_utc,
-                correlation_id: wire.correlation_id,
-                causation_id: wire.causation_id,
-            },
-            payload: wire.payload,
+            meta: read.meta(identity),
+            payload: read.payload,
         })
     }
 
@@ -219,44 +98,6 @@ impl Envelope {
     pub fn payload(&self) -> &RawValue {
         &self.payload
     }
-}
-
-/// The content type must be JSON, and any charset it names UTF-8: JSON in another
-/// charset would be misread as UTF-8 and its text fields silently changed.
-fn check_content_type(content_type: Option<&str>) -> Result<(), InvalidMessage> {
-    let refuse = |detail: String| {
-        Err(InvalidMessage::new(
-            DeadLetterReason::InvalidContentType,
-            detail,
-        ))
-    };
-    let Some(ct) = content_type else {
-        return refuse(format!(
-            "content type is missing, expected {CONTENT_TYPE_JSON:?}"
-        ));
-    };
-    let shown = truncate(ct, 100);
-    let mut parts = ct.split(';');
-    let essence = parts.next().unwrap_or_default().trim();
-    if !essence.eq_ignore_ascii_case(CONTENT_TYPE_JSON) {
-        return refuse(format!(
-            "content type is {shown:?}, expected {CONTENT_TYPE_JSON:?}"
-        ));
-    }
-    for param in parts {
-        let Some((name, value)) = param.split_once('=') else {
-            continue;
-        };
-        if name.trim().eq_ignore_ascii_case("charset") {
-            let charset = value.trim().trim_matches('"');
-            if !(charset.eq_ignore_ascii_case("utf-8") || charset.eq_ignore_ascii_case("utf8")) {
-                return refuse(format!(
-                    "content type {shown:?} names a charset other than UTF-8"
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -268,8 +109,7 @@ mod tests {
         Incoming {
             message_id: id,
             content_type: Some("application/json"),
-            content_encoding: None,
-            body,
+            ..Incoming::body_only(body)
         }
     }
 
@@ -288,8 +128,8 @@ mod tests {
         assert_eq!(env.payload().get(), r#"{"a":1}"#);
         // Millisecond precision survives the round trip.
         assert_eq!(
-            env.meta.occurred_at.timestamp_millis(),
-            out.meta().occurred_at.timestamp_millis()
+            env.meta.occurred_at.unwrap().timestamp_millis(),
+            out.meta().occurred_at.unwrap().timestamp_millis()
         );
     }
 

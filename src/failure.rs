@@ -209,11 +209,24 @@ pub enum DeadLetterReason {
     /// Text the AMQP client reads as UTF-8 was not (a property, a header name,
     /// the exchange or routing key); the frame guard replaced or removed it.
     UnreadableFrame,
+    /// A CloudEvent (structured or binary mode) that breaks the CloudEvents
+    /// 1.0 rules or warren's: a missing or ill-typed attribute, a
+    /// `specversion` other than 1.0, data that is not JSON, an attribute sent
+    /// twice with different values.
+    InvalidCloudEvent,
+    /// A bare payload whose event type, schema version or id cannot be read
+    /// as the consumer's format says.
+    InvalidBarePayload,
+    /// None of the formats the consumer accepts reads the message.
+    UnrecognizedFormat,
+    /// The key a route derives from the payload (for a message sent without
+    /// an id) is empty, too long or holds a control character.
+    InvalidDerivedKey,
 }
 
 impl DeadLetterReason {
     /// Every reason, for reports and tests.
-    pub const ALL: [DeadLetterReason; 18] = [
+    pub const ALL: [DeadLetterReason; 22] = [
         DeadLetterReason::BodyTooLarge,
         DeadLetterReason::InvalidContentType,
         DeadLetterReason::UnsupportedContentEncoding,
@@ -232,6 +245,10 @@ impl DeadLetterReason {
         DeadLetterReason::HeadersTooDeep,
         DeadLetterReason::TooManyHeaders,
         DeadLetterReason::UnreadableFrame,
+        DeadLetterReason::InvalidCloudEvent,
+        DeadLetterReason::InvalidBarePayload,
+        DeadLetterReason::UnrecognizedFormat,
+        DeadLetterReason::InvalidDerivedKey,
     ];
 
     /// Whether the message itself was at fault as it arrived (malformed,
@@ -266,6 +283,10 @@ impl DeadLetterReason {
             DeadLetterReason::HeadersTooDeep => "headers-too-deep",
             DeadLetterReason::TooManyHeaders => "too-many-headers",
             DeadLetterReason::UnreadableFrame => "unreadable-frame",
+            DeadLetterReason::InvalidCloudEvent => "invalid-cloudevent",
+            DeadLetterReason::InvalidBarePayload => "invalid-bare-payload",
+            DeadLetterReason::UnrecognizedFormat => "unrecognized-format",
+            DeadLetterReason::InvalidDerivedKey => "invalid-derived-key",
         }
     }
 

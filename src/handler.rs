@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
-use serde_json::value::RawValue;
 use sqlx::Database;
 
 pub use crate::failure::BoxError;
@@ -18,8 +17,9 @@ pub use batch::{Batch, BatchError, BatchHandler, BatchResult};
 mod batch;
 pub(crate) use batch::{BatchFailure, ErasedBatch, TypedBatch};
 
-use crate::envelope::Metadata;
-use crate::failure::HandlerError;
+use crate::envelope::{InvalidMessage, Metadata};
+use crate::failure::{DeadLetterReason, HandlerError};
+use crate::format::{Identity, Read, check_id};
 use crate::message::{Message, State};
 use crate::store::tx::Tx;
 
@@ -76,20 +76,86 @@ where
     }
 }
 
+/// A key a route derives from its typed payload, for messages sent without
+/// an id (see [`Registry::route_keyed`](crate::Registry::route_keyed)).
+pub(crate) type KeyFn<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+
+/// A delivery as a route binds it: what its format read, and what the
+/// broker and warren's history say.
+pub(crate) struct Delivered<'a> {
+    pub(crate) read: &'a Read,
+    pub(crate) redelivered: bool,
+    pub(crate) attempt: u32,
+    pub(crate) partition_key: Option<String>,
+}
+
+/// Why a delivery does not bind to its route: each a dead letter.
+#[derive(Debug)]
+pub(crate) enum Unbound {
+    /// The payload does not deserialize into the route's type.
+    Payload(serde_json::Error),
+    /// No id was sent and the route derives none.
+    NoId,
+    /// The derived key breaks the id rules.
+    Key(InvalidMessage),
+}
+
+impl Unbound {
+    /// The dead letter, for a delivery of `read`.
+    pub(crate) fn refusal(self, read: &Read) -> InvalidMessage {
+        match self {
+            Unbound::Payload(e) => InvalidMessage::new(
+                DeadLetterReason::InvalidPayload,
+                format!(
+                    "payload does not match {} v{}: {e}",
+                    read.event_type, read.schema_version
+                ),
+            ),
+            Unbound::NoId => InvalidMessage::new(
+                DeadLetterReason::MissingMessageId,
+                format!(
+                    "the message has no id (the AMQP message_id property is missing or empty) and the route {} v{} derives none",
+                    read.event_type, read.schema_version
+                ),
+            ),
+            Unbound::Key(why) => why,
+        }
+    }
+}
+
+/// The typed message of a delivery: its payload deserialized, its identity
+/// the producer's or, when it sent none, the key its route derives.
+pub(crate) fn message_of<T: DeserializeOwned>(
+    d: Delivered<'_>,
+    key: Option<&KeyFn<T>>,
+) -> Result<Message<T>, Unbound> {
+    let payload: T = serde_json::from_str(d.read.payload.get()).map_err(Unbound::Payload)?;
+    let identity = match (&d.read.identity, key) {
+        (Some(identity), _) => identity.clone(),
+        (None, Some(derive)) => {
+            let key = derive(&payload);
+            check_id("the derived key", &key, DeadLetterReason::InvalidDerivedKey)
+                .map_err(Unbound::Key)?;
+            Identity::Derived(key)
+        }
+        (None, None) => return Err(Unbound::NoId),
+    };
+    Ok(Message {
+        payload,
+        meta: d.read.meta(identity),
+        redelivered: d.redelivered,
+        attempt: d.attempt,
+        partition_key: d.partition_key,
+    })
+}
+
 /// A handler with its payload type erased, so handlers of different types can share
 /// one routing table.
 pub(crate) trait ErasedHandler<DB: Database>: Send + Sync {
-    /// Deserializes the payload and binds it to the handler. Failing here means the
-    /// payload does not match the registered type: a permanent failure found before
+    /// Deserializes the payload, settles the message's identity and binds
+    /// it to the handler. Failing here is a permanent failure found before
     /// any transaction is opened.
-    fn bind(
-        &self,
-        payload: &RawValue,
-        meta: Metadata,
-        redelivered: bool,
-        attempt: u32,
-        partition_key: Option<String>,
-    ) -> Result<Call<DB>, serde_json::Error>;
+    fn bind(&self, delivered: Delivered<'_>) -> Result<(Metadata, Call<DB>), Unbound>;
 }
 
 /// A message bound to its route, waiting for a transaction.
@@ -112,14 +178,16 @@ pub(crate) trait BoundCall<DB: Database>: Send {
 pub(crate) struct Typed<T, H, S, M> {
     handler: Arc<H>,
     state: S,
+    key: Option<KeyFn<T>>,
     _payload: PhantomData<fn() -> (T, M)>,
 }
 
 impl<T, H, S, M> Typed<T, H, S, M> {
-    pub(crate) fn new(handler: H, state: S) -> Self {
+    pub(crate) fn new(handler: H, state: S, key: Option<KeyFn<T>>) -> Self {
         Self {
             handler: Arc::new(handler),
             state,
+            key,
             _payload: PhantomData,
         }
     }
@@ -140,27 +208,18 @@ where
     M: 'static,
     H: for<'a> Handler<'a, T, DB, S, M>,
 {
-    fn bind(
-        &self,
-        payload: &RawValue,
-        meta: Metadata,
-        redelivered: bool,
-        attempt: u32,
-        partition_key: Option<String>,
-    ) -> Result<Call<DB>, serde_json::Error> {
-        let payload: T = serde_json::from_str(payload.get())?;
-        Ok(Call::One(Box::new(Bound {
-            handler: Arc::clone(&self.handler),
-            state: self.state.clone(),
-            msg: Message {
-                payload,
-                meta,
-                redelivered,
-                attempt,
-                partition_key,
-            },
-            _shape: PhantomData::<fn() -> M>,
-        })))
+    fn bind(&self, delivered: Delivered<'_>) -> Result<(Metadata, Call<DB>), Unbound> {
+        let msg = message_of(delivered, self.key.as_ref())?;
+        let meta = msg.meta.clone();
+        Ok((
+            meta,
+            Call::One(Box::new(Bound {
+                handler: Arc::clone(&self.handler),
+                state: self.state.clone(),
+                msg,
+                _shape: PhantomData::<fn() -> M>,
+            })),
+        ))
     }
 }
 

@@ -86,6 +86,8 @@ pub mod guide {
     pub mod testing {}
     #[doc = include_str!("../docs/failures.md")]
     pub mod failures {}
+    #[doc = include_str!("../docs/formats.md")]
+    pub mod formats {}
     #[doc = include_str!("../docs/dead-letters.md")]
     pub mod dead_letters {}
     #[doc = include_str!("../docs/console.md")]
@@ -132,6 +134,7 @@ pub mod envelope;
 mod error;
 pub mod failpoint;
 mod failure;
+pub mod format;
 pub mod handler;
 pub mod headers;
 mod idempotency;

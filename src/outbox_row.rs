@@ -38,7 +38,7 @@ impl StoredProperties {
         Self {
             event_type: meta.event_type.clone(),
             correlation_id: meta.correlation_id.clone(),
-            timestamp: meta.occurred_at.timestamp().max(0) as u64,
+            timestamp: message.occurred_at().timestamp().max(0) as u64,
             headers: message.headers().clone(),
         }
     }

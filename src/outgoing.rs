@@ -8,6 +8,7 @@ use serde_json::value::RawValue;
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
 use crate::envelope::{CONTENT_TYPE_JSON, MAX_MESSAGE_ID_LEN, Metadata};
+use crate::format::Identity;
 use crate::headers::{HEADER_BAGGAGE, HEADER_TRACEPARENT, HEADER_TRACESTATE};
 use crate::trace_context::TraceContext;
 
@@ -65,9 +66,11 @@ impl Outgoing {
         Ok(Self {
             meta: Metadata {
                 message_id: id.clone(),
+                identity: Identity::Given(id.clone()),
+                format: "warren",
                 event_type: event_type.into(),
                 schema_version,
-                occurred_at: Utc::now(),
+                occurred_at: Some(Utc::now()),
                 correlation_id: id,
                 causation_id: None,
             },
@@ -114,6 +117,7 @@ impl Outgoing {
     /// ```
     pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
         self.meta.message_id = id.into();
+        self.meta.identity = Identity::Given(self.meta.message_id.clone());
         if !self.correlation_given {
             self.meta.correlation_id = self.meta.message_id.clone();
         }
@@ -169,8 +173,13 @@ impl Outgoing {
 
     /// Sets when the business event happened.
     pub fn with_occurred_at(mut self, at: DateTime<Utc>) -> Self {
-        self.meta.occurred_at = at;
+        self.meta.occurred_at = Some(at);
         self
+    }
+
+    /// When the business event happened: always set on a message built here.
+    pub(crate) fn occurred_at(&self) -> DateTime<Utc> {
+        self.meta.occurred_at.unwrap_or_default()
     }
 
     /// The envelope fields.
@@ -185,8 +194,7 @@ impl Outgoing {
             event_type: &self.meta.event_type,
             schema_version: self.meta.schema_version,
             occurred_at_utc: self
-                .meta
-                .occurred_at
+                .occurred_at()
                 .to_rfc3339_opts(SecondsFormat::Millis, true),
             correlation_id: &self.meta.correlation_id,
             causation_id: self.meta.causation_id.as_deref(),
@@ -252,7 +260,7 @@ impl Outgoing {
     pub fn properties(&self) -> BasicProperties {
         let mut props = BasicProperties::default()
             .with_content_type(CONTENT_TYPE_JSON.into())
-            .with_timestamp(self.meta.occurred_at.timestamp().max(0) as u64)
+            .with_timestamp(self.occurred_at().timestamp().max(0) as u64)
             .with_delivery_mode(PERSISTENT);
         if let Ok(id) = ShortString::try_new(self.meta.message_id.as_str()) {
             props = props.with_message_id(id);

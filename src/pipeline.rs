@@ -27,9 +27,10 @@ use crate::broker::{Delivery, Port};
 use crate::config::ConsumerConfig;
 use crate::dispatcher::{Batch, BatchGate, BatchSize};
 use crate::disposition::{Disposition, History, Rules};
-use crate::envelope::{Envelope, Incoming, InvalidMessage, Metadata};
+use crate::envelope::{InvalidMessage, Metadata};
 use crate::failure::DeadLetterReason;
-use crate::handler::Call;
+use crate::format::{Incoming, Read};
+use crate::handler::{Call, Delivered};
 use crate::headers::{HEADER_ATTEMPT, HEADER_GAP_SINCE, HEADER_PUBLISHED_AT_MS, Signer};
 use crate::partition::{self, KeyError};
 use crate::registry::Registry;
@@ -117,6 +118,10 @@ type Decided = (Disposition, Option<GatedVersion>);
 /// What becomes of a delivery that is not routed to a handler, and its
 /// envelope's metadata if that was read (boxed: the error stays small).
 type Unrouted = (Disposition, Option<Box<Metadata>>);
+
+/// Why a delivery is not routed, and what was read of it, if anything
+/// (boxed: the error stays small).
+type Refused = (InvalidMessage, Option<Box<Read>>);
 
 /// A valid delivery's metadata and its handler call, bound to its payload.
 type Routed<DB> = (Metadata, Call<DB>);
@@ -258,22 +263,15 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         if let Some((home, queue)) = self.home_elsewhere(admitted) {
             return Err((Disposition::Forward { home, queue }, None));
         }
-        self.prepare(admitted).map_err(|invalid| {
-            // Refused after its envelope was read (an unknown type or
+        self.prepare(admitted).map_err(|(invalid, read)| {
+            // Refused after the message was read (an unknown type or
             // version, a payload that does not fit): its log line still
-            // names its event type and ids.
-            let meta = matches!(
-                invalid.reason,
-                DeadLetterReason::UnknownEventType
-                    | DeadLetterReason::UnknownSchemaVersion
-                    | DeadLetterReason::InvalidPayload
-            )
-            .then(|| {
-                self.envelope(&admitted.delivery)
-                    .ok()
-                    .map(|e| Box::new(e.meta))
-            })
-            .flatten();
+            // names its event type and ids, where it has one.
+            let meta = read.and_then(|read| {
+                read.identity
+                    .clone()
+                    .map(|identity| Box::new(read.meta(identity)))
+            });
             (
                 Disposition::dead_letter(invalid.reason, invalid.detail, 1),
                 meta,
@@ -301,62 +299,58 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         (home != seat.index).then(|| (home, seat.queue_of(home)))
     }
 
-    /// The delivery's envelope, read.
-    fn envelope(&self, delivery: &Delivery) -> Result<Envelope, InvalidMessage> {
-        let props = &delivery.properties;
-        Envelope::parse(
-            Incoming {
-                message_id: props.message_id().as_ref().map(|s| s.as_str()),
-                content_type: props.content_type().as_ref().map(|s| s.as_str()),
-                content_encoding: props.content_encoding().as_ref().map(|s| s.as_str()),
-                body: &delivery.body,
-            },
-            self.config.max_body_bytes,
-        )
+    /// The delivery, read in the first of the consumer's formats that
+    /// takes it.
+    fn read(&self, delivery: &Delivery) -> Result<Read, InvalidMessage> {
+        let incoming = Incoming::new(&delivery.properties, &delivery.routing_key, &delivery.body);
+        self.config
+            .formats
+            .read(&incoming, self.config.max_body_bytes)
     }
 
     /// Validates the delivery and binds it to its handler. No database, no
     /// broker; pure, so a unit that runs a message again binds it again.
-    fn prepare(&self, admitted: &Admitted) -> Result<Routed<S::Db>, InvalidMessage> {
+    /// A refusal comes with what was read, if the message got that far.
+    fn prepare(&self, admitted: &Admitted) -> Result<Routed<S::Db>, Refused> {
         let delivery = &admitted.delivery;
         if let Some(pruned) = &delivery.pruned {
             // Its headers carry meaning (partition key, warren's history,
             // versions) and some are gone: not applied as it arrived. (An
             // operator who replays the dead letter sends it without them.)
             self.telemetry.pruned(pruned.cause);
-            return Err(InvalidMessage::new(reason_of(pruned.cause), &pruned.detail));
+            return Err((
+                InvalidMessage::new(reason_of(pruned.cause), &pruned.detail),
+                None,
+            ));
         }
         if self.config.partitions.is_some()
             && let Err(KeyError::Invalid(why)) = &admitted.key
         {
-            return Err(InvalidMessage::new(
-                DeadLetterReason::InvalidPartitionKey,
-                why.as_str(),
+            return Err((
+                InvalidMessage::new(DeadLetterReason::InvalidPartitionKey, why.as_str()),
+                None,
             ));
         }
-        let envelope = self.envelope(delivery)?;
-        let handler = self
-            .registry
-            .lookup(&envelope.meta.event_type, envelope.meta.schema_version)
-            .map_err(|(reason, detail)| InvalidMessage::new(reason, detail))?;
-        let call = handler
-            .bind(
-                envelope.payload(),
-                envelope.meta.clone(),
-                delivery.redelivered,
-                admitted.history.attempt(),
-                admitted.key.as_ref().ok().cloned(),
-            )
-            .map_err(|e| {
-                InvalidMessage::new(
-                    DeadLetterReason::InvalidPayload,
-                    format!(
-                        "payload does not match {} v{}: {e}",
-                        envelope.meta.event_type, envelope.meta.schema_version
-                    ),
-                )
-            })?;
-        Ok((envelope.meta, call))
+        let read = self.read(delivery).map_err(|invalid| (invalid, None))?;
+        let handler = match self.registry.lookup(&read.event_type, read.schema_version) {
+            Ok(handler) => handler,
+            Err((reason, detail)) => {
+                return Err((InvalidMessage::new(reason, detail), Some(Box::new(read))));
+            }
+        };
+        let bound = handler.bind(Delivered {
+            read: &read,
+            redelivered: delivery.redelivered,
+            attempt: admitted.history.attempt(),
+            partition_key: admitted.key.as_ref().ok().cloned(),
+        });
+        match bound {
+            Ok(routed) => Ok(routed),
+            Err(unbound) => {
+                let invalid = unbound.refusal(&read);
+                Err((invalid, Some(Box::new(read))))
+            }
+        }
     }
 
     /// What the decision weighs besides the outcome and the history.

@@ -82,7 +82,57 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
         M: 'static,
         H: for<'a> Handler<'a, T, DB, S, M>,
     {
-        let route = Arc::new(Typed::new(handler, self.state.clone()));
+        let route = Arc::new(Typed::new(handler, self.state.clone(), None));
+        self.insert(event_type, schema_version, route)
+    }
+
+    /// Routes `event_type` at `schema_version` to `handler`, like
+    /// [`route`](Self::route), and derives an id from the typed payload
+    /// for a message sent without one (no AMQP `message_id`, in a format
+    /// whose id is optional: a bare payload). A message with an id keeps
+    /// it; the derived key is computed again on every delivery and kept in
+    /// a namespace of its own (`~key:` and the key, see
+    /// [`Identity::key`](crate::format::Identity::key)), where no
+    /// producer's id can meet it.
+    ///
+    /// The key must name exactly one business event: two different events
+    /// with the same key are one message to the inbox, and the second is
+    /// dropped as a duplicate. `{invoiceId}:paid` is such a key if an
+    /// invoice is paid once; `{customerId}:credit-limit-set` is not.
+    ///
+    /// ```
+    /// # use warren::{HandlerError, Message, Registry, Tx};
+    /// # use warren::sqlx::Sqlite;
+    /// #[derive(serde::Deserialize)]
+    /// struct InvoicePaid { invoice_id: String }
+    /// async fn paid(msg: Message<InvoicePaid>, tx: &mut Tx<Sqlite>) -> Result<(), HandlerError> { Ok(()) }
+    ///
+    /// let routes = Registry::<Sqlite>::new().route_keyed(
+    ///     "billing.invoice-paid.v1",
+    ///     1,
+    ///     |p: &InvoicePaid| format!("{}:paid", p.invoice_id),
+    ///     paid,
+    /// );
+    /// assert_eq!(routes.len(), 1);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the pair is already routed.
+    pub fn route_keyed<T, K, H, M>(
+        self,
+        event_type: &str,
+        schema_version: u32,
+        key: K,
+        handler: H,
+    ) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        K: Fn(&T) -> String + Send + Sync + 'static,
+        M: 'static,
+        H: for<'a> Handler<'a, T, DB, S, M>,
+    {
+        let route = Arc::new(Typed::new(handler, self.state.clone(), Some(Arc::new(key))));
         self.insert(event_type, schema_version, route)
     }
 
@@ -114,7 +164,35 @@ impl<DB: Database, S: Clone + Send + Sync + 'static> Registry<DB, S> {
         M: 'static,
         H: for<'a> BatchHandler<'a, T, DB, S, M>,
     {
-        let route = Arc::new(TypedBatch::new(handler, self.state.clone()));
+        let route = Arc::new(TypedBatch::new(handler, self.state.clone(), None));
+        self.insert(event_type, schema_version, route)
+    }
+
+    /// A batch route ([`route_batch`](Self::route_batch)) that derives an id
+    /// from the typed payload for a message sent without one, as
+    /// [`route_keyed`](Self::route_keyed) does.
+    ///
+    /// # Panics
+    ///
+    /// If the pair is already routed.
+    pub fn route_batch_keyed<T, K, H, M>(
+        self,
+        event_type: &str,
+        schema_version: u32,
+        key: K,
+        handler: H,
+    ) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        K: Fn(&T) -> String + Send + Sync + 'static,
+        M: 'static,
+        H: for<'a> BatchHandler<'a, T, DB, S, M>,
+    {
+        let route = Arc::new(TypedBatch::new(
+            handler,
+            self.state.clone(),
+            Some(Arc::new(key)),
+        ));
         self.insert(event_type, schema_version, route)
     }
 

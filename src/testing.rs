@@ -404,9 +404,11 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
         self.deliver(&message).await
     }
 
-    /// Delivers a body and properties as they are, to see what warren makes of
-    /// input no [`Outgoing`] would produce (no message id, not JSON, a wrong
-    /// content type).
+    /// Delivers a body and properties as they are: a message in any format
+    /// the consumer reads (a bare payload, a CloudEvent; see
+    /// [`format`](crate::format)), or input no [`Outgoing`] would produce (no
+    /// message id, not JSON, a wrong content type). The routing key is the
+    /// AMQP `type` property, if set.
     pub async fn deliver_raw(
         &self,
         body: impl Into<Vec<u8>>,

@@ -18,6 +18,7 @@ mod crash;
 mod dead_letter_scale;
 mod dead_letters;
 mod failures;
+mod foreign;
 mod frames;
 mod hostile;
 mod inbox;

@@ -140,6 +140,24 @@ impl ConsumerConfigBuilder {
         self
     }
 
+    /// Sets the formats this consumer reads, in the order they are tried
+    /// (default: warren's envelope alone). A message selects only among
+    /// these; see [`format`](crate::format).
+    ///
+    /// ```
+    /// use warren::ConsumerConfig;
+    /// use warren::format::{Bare, CloudEvents, Formats, WarrenEnvelope};
+    /// let config = ConsumerConfig::builder("billing", "billing.invoice-paid")
+    ///     .with_formats(Formats::new().then(CloudEvents::new()).then(WarrenEnvelope).then(Bare::new()))
+    ///     .build()?;
+    /// assert_eq!(config.formats().names(), ["cloudevents", "warren", "bare"]);
+    /// # Ok::<(), warren::config::ConfigError>(())
+    /// ```
+    pub fn with_formats(mut self, formats: crate::format::Formats) -> Self {
+        self.config.formats = formats;
+        self
+    }
+
     /// Sets what the delivery journal records (default
     /// [`JournalMode::Outcomes`](crate::config::JournalMode::Outcomes)).
     pub fn with_journal(mut self, mode: super::JournalMode) -> Self {

@@ -68,6 +68,8 @@ pub struct ConsumerConfig {
     pub(crate) conflict_retries: u32,
     /// Largest accepted body, in bytes.
     pub(crate) max_body_bytes: usize,
+    /// The formats deliveries are read in, in the order they are tried.
+    pub(crate) formats: crate::format::Formats,
     /// What the delivery journal records besides the outcomes of replayed
     /// copies (always journaled: careful replay depends on them).
     pub(crate) journal: JournalMode,
@@ -128,6 +130,7 @@ impl ConsumerConfig {
                 batch_lock_timeout: DEFAULT_BATCH_LOCK_TIMEOUT,
                 conflict_retries: DEFAULT_CONFLICT_RETRIES,
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                formats: crate::format::Formats::default(),
                 journal: JournalMode::Outcomes,
                 journal_retention: Some(DEFAULT_JOURNAL_RETENTION),
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
@@ -243,6 +246,11 @@ impl ConsumerConfig {
     /// The largest accepted body, in bytes.
     pub fn max_body_bytes(&self) -> usize {
         self.max_body_bytes
+    }
+
+    /// The formats deliveries are read in, in the order they are tried.
+    pub fn formats(&self) -> &crate::format::Formats {
+        &self.formats
     }
 
     /// How long in-flight messages may take to finish after shutdown is requested.

@@ -121,6 +121,12 @@ impl ConsumerConfig {
         if self.max_body_bytes == 0 {
             return fail("max body size", "must be at least 1 byte".into());
         }
+        if self.formats.is_empty() {
+            return fail(
+                "formats",
+                "must list at least one format (warren's envelope is the default)".into(),
+            );
+        }
         if let Some(p) = &self.partitions {
             if !(1..=MAX_PARTITIONS).contains(&p.count) {
                 return fail(

@@ -74,8 +74,7 @@ pub async fn edit_letter<S: DeadLetterStore>(
         Incoming {
             message_id: Some(message_id),
             content_type: Some("application/json"),
-            content_encoding: None,
-            body,
+            ..Incoming::body_only(body)
         },
         usize::MAX,
     )

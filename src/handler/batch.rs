@@ -26,10 +26,9 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
-use serde_json::value::RawValue;
 use sqlx::Database;
 
-use super::{Call, ErasedHandler, Stateless, WithState};
+use super::{Call, Delivered, ErasedHandler, KeyFn, Stateless, Unbound, WithState, message_of};
 use crate::envelope::Metadata;
 use crate::failure::HandlerError;
 use crate::message::{Message, State};
@@ -238,15 +237,17 @@ pub(crate) struct TypedBatch<T, H, S, M> {
 struct BatchRoute<T, H, S, M> {
     handler: H,
     state: S,
+    key: Option<KeyFn<T>>,
     _payload: PhantomData<fn() -> (T, M)>,
 }
 
 impl<T, H, S, M> TypedBatch<T, H, S, M> {
-    pub(crate) fn new(handler: H, state: S) -> Self {
+    pub(crate) fn new(handler: H, state: S, key: Option<KeyFn<T>>) -> Self {
         Self {
             inner: Arc::new(BatchRoute {
                 handler,
                 state,
+                key,
                 _payload: PhantomData,
             }),
         }
@@ -261,27 +262,17 @@ where
     M: 'static,
     H: for<'a> BatchHandler<'a, T, DB, S, M>,
 {
-    fn bind(
-        &self,
-        payload: &RawValue,
-        meta: Metadata,
-        redelivered: bool,
-        attempt: u32,
-        partition_key: Option<String>,
-    ) -> Result<Call<DB>, serde_json::Error> {
-        let payload: T = serde_json::from_str(payload.get())?;
-        let message = Message {
-            payload,
-            meta,
-            redelivered,
-            attempt,
-            partition_key,
-        };
+    fn bind(&self, delivered: Delivered<'_>) -> Result<(Metadata, Call<DB>), Unbound> {
+        let message = message_of(delivered, self.inner.key.as_ref())?;
+        let meta = message.meta.clone();
         let route: Arc<dyn ErasedBatch<DB>> = self.inner.clone();
-        Ok(Call::Batch {
-            route,
-            message: Box::new(message),
-        })
+        Ok((
+            meta,
+            Call::Batch {
+                route,
+                message: Box::new(message),
+            },
+        ))
     }
 }
 

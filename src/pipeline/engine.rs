@@ -733,7 +733,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         }
         self.prepare(&ready.admitted)
             .map(|(_, call)| call)
-            .map_err(|invalid| invalid.detail)
+            .map_err(|(invalid, _)| invalid.detail)
     }
 
     /// What `result` means for `ready`, now.

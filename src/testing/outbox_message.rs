@@ -34,8 +34,7 @@ impl OutboxMessage {
             Incoming {
                 message_id: Some(&row.message_id),
                 content_type: Some(CONTENT_TYPE_JSON),
-                content_encoding: None,
-                body: &row.body,
+                ..Incoming::body_only(&row.body)
             },
             usize::MAX,
         )?;

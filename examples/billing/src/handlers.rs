@@ -249,7 +249,8 @@ pub async fn paid_v1<B: BillingDb>(
             &p.customer_id,
             &p.amount,
             &p.currency,
-            msg.meta.occurred_at,
+            // A bare payload may say nothing of when: its receipt then.
+            msg.meta.occurred_at.unwrap_or_else(Utc::now),
             None,
         );
         payable(payment, msg.attempt)
@@ -281,12 +282,19 @@ pub async fn paid_v2<B: BillingDb>(
     write::<B, _>(&exchange, &batch, &payable, tx).await
 }
 
+/// The id of a v1 payment sent without one: `{invoiceId}:paid`.
+pub fn paid_key(p: &InvoicePaidV1) -> String {
+    format!("{}:paid", p.invoice_id)
+}
+
 /// billing's routing table: both schema versions side by side, each a batch
 /// handler (every new message of a version in a transaction is recorded
 /// set-based), sharing the exchange outgoing events go to.
 pub fn routes<B: BillingDb>(exchange: &str) -> Registry<B, Arc<str>> {
     Registry::with_state(Arc::<str>::from(exchange))
-        .route_batch(PAID_V1, 1, paid_v1::<B>)
+        // A v1 payment sent with no id at all (a bare payload without a
+        // message_id) is keyed by its invoice: an invoice is paid once.
+        .route_batch_keyed(PAID_V1, 1, paid_key, paid_v1::<B>)
         .route_batch(PAID_V2, 2, paid_v2::<B>)
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use warren::config::ConfigError;
+use warren::format::{Bare, CloudEvents, Formats, WarrenEnvelope};
 use warren::retry::RetryPolicy;
 use warren::telemetry::StatsHandle;
 use warren::tls::TlsOptions;
@@ -114,10 +115,21 @@ impl Default for Settings {
     }
 }
 
+/// What the invoice consumer reads, tried in this order: CloudEvents
+/// (structured, then binary), warren's envelope, then a bare JSON payload
+/// (its event type the AMQP `type` property, the version its `.vN` suffix).
+pub fn invoice_formats() -> Formats {
+    Formats::new()
+        .then(CloudEvents::new())
+        .then(WarrenEnvelope)
+        .then(Bare::new())
+}
+
 /// billing's consumer configuration for `names`.
 pub fn consumer_config(names: &Names, settings: &Settings) -> Result<ConsumerConfig, ConfigError> {
     ConsumerConfig::builder(CONSUMER, names.queue())
         .bind(names.exchange(), ["billing.invoice-paid.*"])
+        .with_formats(invoice_formats())
         .with_prefetch(settings.prefetch)
         .with_concurrency(settings.concurrency)
         .with_batch_size(settings.batch_size)

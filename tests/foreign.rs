@@ -1,0 +1,193 @@
+//! Messages from producers nobody here wrote, each through its own library
+//! installed from its registry (`.ci/interop-setup`): pika's bare payloads,
+//! the CloudEvents SDK's RabbitMQ binding in both modes, FastStream and Node's
+//! amqplib, on a consumer that reads CloudEvents, warren's envelope and bare
+//! payloads; and keys derived from the payload for messages sent without an id.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Deserialize;
+use warren::format::{Bare, CloudEvents, Formats, VersionFrom, WarrenEnvelope};
+use warren::{Consumer, HandlerError, Message, Registry, Tx};
+
+use crate::util::{Backend, Job, Running, TestBroker, amqp_url, routes, wait_for};
+
+on_all_backends!(
+    foreign_producers_are_each_applied_once,
+    the_same_invoice_without_an_id_on_two_instances_applies_once,
+);
+
+/// Where `.ci/interop-setup` installed the producers.
+fn interop_dir() -> PathBuf {
+    let dir = PathBuf::from(
+        std::env::var("WARREN_INTEROP_DIR").unwrap_or_else(|_| "/var/lib/warren-interop".into()),
+    );
+    assert!(
+        dir.join("stamp").exists(),
+        "the foreign producers are not installed in {}: run .ci/interop-setup (pika, cloudevents, FastStream, amqplib from their registries)",
+        dir.display()
+    );
+    dir
+}
+
+/// Runs one producer to the end; it has published `count` messages twice,
+/// each confirmed.
+fn produce(library: &str, broker: &TestBroker, routing_key: &str, count: u32) {
+    let dir = interop_dir();
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop");
+    let url = amqp_url();
+    let count = count.to_string();
+    let output = if library == "amqplib" {
+        Command::new("node")
+            .arg(here.join("produce.cjs"))
+            .args([&url, &broker.exchange, routing_key, &count])
+            .env("NODE_PATH", dir.join("node/node_modules"))
+            .output()
+    } else {
+        Command::new(dir.join("venv/bin/python"))
+            .arg(here.join("produce.py"))
+            .args([library, &url, &broker.exchange, routing_key, &count])
+            .output()
+    }
+    .unwrap_or_else(|e| panic!("{library}: cannot run: {e}"));
+    assert!(
+        output.status.success(),
+        "{library} failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// CloudEvents first, then warren's envelope, then any other JSON body; the
+/// test routes' event type (`test.job`) has no `.vN` suffix, so the
+/// version is fixed.
+fn formats() -> Formats {
+    Formats::new()
+        .then(CloudEvents::new().version_from(VersionFrom::Fixed(1)))
+        .then(WarrenEnvelope)
+        .then(Bare::new().version_from(VersionFrom::Fixed(1)))
+}
+
+/// Five producers in four formats, 40 messages each, each message twice:
+/// 200 effects, 200 duplicates, nothing dead-lettered. Warren's own
+/// envelope on the same queue, beside them, is applied as ever.
+async fn foreign_producers_are_each_applied_once<B: Backend>() {
+    const EACH: u32 = 40;
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker.builder().with_formats(formats()).build().unwrap();
+    broker.declare_config(&config).await;
+
+    let libraries = [
+        "pika-bare",
+        "cloudevents-binary",
+        "cloudevents-structured",
+        "faststream",
+        "amqplib",
+    ];
+    for library in libraries {
+        produce(library, &broker, "test.job", EACH);
+    }
+    let own = TestBroker::message(&Job::ok());
+    broker.publish(&own).await;
+    broker.publish(&own).await;
+
+    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    let unique = EACH as u64 * libraries.len() as u64 + 1;
+    assert!(
+        running.settled(2 * unique, Duration::from_secs(120)).await,
+        "not all deliveries settled: {:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+
+    assert_eq!(stats.applied, unique, "{stats:?}");
+    assert_eq!(stats.duplicates, unique, "{stats:?}");
+    assert_eq!(stats.dead_lettered + stats.retried, 0, "{stats:?}");
+    assert_eq!(
+        db.effects().await,
+        unique as i64,
+        "one effect per unique message"
+    );
+    assert_eq!(db.distinct_effects().await, unique as i64);
+    assert_eq!(db.inbox(&broker.name).await, unique as i64);
+    assert_eq!(db.effects_for(&own.meta().message_id).await, 1);
+    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Paid {
+    invoice_id: String,
+}
+
+/// Records one effect under the message's id, slowly enough that both
+/// copies of an invoice are in flight at once.
+async fn paid<B: Backend>(msg: Message<Paid>, tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    assert!(!msg.payload.invoice_id.is_empty());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    B::insert_effect(tx, &msg.meta.message_id).await?;
+    Ok(())
+}
+
+/// pika publishes ten invoices with no id at all, each copy right behind its
+/// original, to two instances of one consumer holding one delivery each:
+/// the copies run at the same moment, and the key the route derives
+/// (`{invoiceId}:paid`) claims each invoice once. Ten distinct invoices,
+/// ten effects: no two keys meet.
+async fn the_same_invoice_without_an_id_on_two_instances_applies_once<B: Backend>() {
+    const INVOICES: u64 = 10;
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_formats(formats())
+        .with_prefetch(1)
+        .with_concurrency(1)
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let registry = || -> Registry<B> {
+        routes::<B>().route_keyed(
+            "test.paid",
+            1,
+            |p: &Paid| format!("{}:paid", p.invoice_id),
+            paid::<B>,
+        )
+    };
+    let a = Running::start(Consumer::new(config.clone(), db.store.clone(), registry()));
+    let b = Running::start(Consumer::new(config, db.store.clone(), registry()));
+    let both = wait_for(Duration::from_secs(20), || async {
+        broker.consumers(&broker.queue).await == 2
+    })
+    .await;
+    assert!(both, "two consumers should be subscribed");
+
+    produce("pika-no-id", &broker, "test.paid", INVOICES as u32);
+
+    let settled = wait_for(Duration::from_secs(60), || async {
+        let (sa, sb) = (a.stats.snapshot(), b.stats.snapshot());
+        sa.applied + sa.duplicates + sb.applied + sb.duplicates >= 2 * INVOICES
+    })
+    .await;
+    let (sa, sb) = (a.stats.snapshot(), b.stats.snapshot());
+    assert!(settled, "a={sa:?} b={sb:?}");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+
+    assert_eq!(sa.applied + sb.applied, INVOICES, "a={sa:?} b={sb:?}");
+    assert_eq!(sa.duplicates + sb.duplicates, INVOICES, "a={sa:?} b={sb:?}");
+    assert_eq!(sa.dead_lettered + sb.dead_lettered, 0, "a={sa:?} b={sb:?}");
+    assert_eq!(db.effects().await, INVOICES as i64);
+    assert_eq!(db.distinct_effects().await, INVOICES as i64);
+    assert_eq!(db.inbox(&broker.name).await, INVOICES as i64);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
