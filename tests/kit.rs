@@ -6,7 +6,87 @@ use warren::testing::{Settled, TestConsumer};
 
 use crate::util::{Backend, Job, Mode, TestBroker, routes, test_config, unique};
 
-on_all_backends!(the_kit_settles_every_way_on_a_real_database);
+on_all_backends!(
+    the_kit_settles_every_way_on_a_real_database,
+    the_kit_delivers_a_cloudevent_and_a_bare_payload,
+);
+
+/// A handler test with messages no `Outgoing` builds: a CloudEvent in each
+/// mode and a bare payload, each applied once, a second copy a duplicate.
+async fn the_kit_delivers_a_cloudevent_and_a_bare_payload<B: Backend>() {
+    use warren::format::{Bare, CloudEvents, Formats, VersionFrom, WarrenEnvelope};
+    use warren::lapin::BasicProperties;
+    use warren::lapin::types::{AMQPValue, FieldTable};
+
+    let db = B::create().await;
+    let formats = Formats::new()
+        .then(CloudEvents::new().version_from(VersionFrom::Fixed(1)))
+        .then(WarrenEnvelope)
+        .then(Bare::new().version_from(VersionFrom::Fixed(1)));
+    let kit = TestConsumer::new(
+        test_config(&unique("kit"), &unique("kit"), "kit.events")
+            .with_formats(formats)
+            .build()
+            .unwrap(),
+        db.store.clone(),
+        routes::<B>(),
+    )
+    .await
+    .unwrap();
+    let job = serde_json::to_vec(&Job::ok()).unwrap();
+
+    let structured = serde_json::to_vec(&serde_json::json!({
+        "specversion": "1.0", "id": "e-1", "source": "/kit", "type": "test.job",
+        "data": Job::ok(),
+    }))
+    .unwrap();
+    let structured_props =
+        BasicProperties::default().with_content_type("application/cloudevents+json".into());
+    let mut headers = FieldTable::default();
+    for (k, v) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", "e-2"),
+        ("ce-source", "/kit"),
+        ("ce-type", "test.job"),
+    ] {
+        headers.insert(k.into(), AMQPValue::LongString(v.into()));
+    }
+    let binary_props = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_headers(headers);
+    let bare_props = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id("bare-1".into())
+        .with_type("test.job".into());
+
+    for (body, props) in [
+        (&structured, &structured_props),
+        (&job, &binary_props),
+        (&job, &bare_props),
+    ] {
+        assert_eq!(
+            kit.deliver_raw(body.clone(), props.clone()).await,
+            Settled::Applied
+        );
+        assert_eq!(
+            kit.deliver_raw(body.clone(), props.clone()).await,
+            Settled::Duplicate
+        );
+    }
+    // The same id from another source is another event.
+    let elsewhere = String::from_utf8(structured.clone())
+        .unwrap()
+        .replace("/kit", "/other");
+    assert_eq!(
+        kit.deliver_raw(elsewhere.into_bytes(), structured_props.clone())
+            .await,
+        Settled::Applied
+    );
+    assert_eq!(db.effects().await, 4);
+    assert_eq!(db.effects_for("bare-1").await, 1);
+    drop(kit);
+    db.drop_db().await;
+}
 
 async fn the_kit_settles_every_way_on_a_real_database<B: Backend>() {
     let db = B::create().await;

@@ -402,6 +402,7 @@ pub async fn run<B: BillingDb>(
         v2: 0.3,
         poison: (spec.count / 500).max(5),
         flaky: (spec.count / 1000).max(3).min(spec.count),
+        foreign: 0.0,
         seed: spec.seed,
     }));
     let e = plan.expected.clone();

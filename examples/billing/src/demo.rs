@@ -220,6 +220,7 @@ fn print_table(e: &Expected, r: &Report, s: &warren::telemetry::ConsumerStats) {
     let rows: Vec<(&str, String)> = vec![
         ("published (deliveries)", e.published.to_string()),
         ("unique messages", e.unique.to_string()),
+        ("valid, published as", e.valid.to_string()),
         ("applied", r.counts.inbox_rows.to_string()),
         ("duplicates skipped", s.duplicates.to_string()),
         (
@@ -233,9 +234,16 @@ fn print_table(e: &Expected, r: &Report, s: &warren::telemetry::ConsumerStats) {
     println!("  {:<28} {}", "-".repeat(28), "-".repeat(12));
     for (k, v) in rows {
         println!("  {k:<28} {v}");
-    }
-    for (reason, n) in &r.dead_letters {
-        println!("    {reason:<26} {n}");
+        if k == "valid, published as" {
+            for (form, n) in &e.forms {
+                println!("    {:<26} {n}", form.name());
+            }
+        }
+        if k == "dead-lettered" {
+            for (reason, n) in &r.dead_letters {
+                println!("    {reason:<26} {n}");
+            }
+        }
     }
     println!("  {:<28} {}", "outbox events published", r.outbox.published);
     println!("  {:<28} {}", "loyalty rows", r.counts.loyalty_rows);
@@ -329,6 +337,7 @@ pub async fn command(cli: &Config, count: usize, keep: bool, pool: u32) -> Resul
         v2: 0.3,
         poison: 5,
         flaky: 3.min(count),
+        foreign: 0.4,
         seed: fastrand::u64(..),
     };
     spec.validate()?;

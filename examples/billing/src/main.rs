@@ -182,10 +182,15 @@ enum Command {
         /// Share of messages in schema version 2, 0 to 1.
         #[arg(long, default_value_t = 0.3)]
         v2: f64,
-        /// Poison messages (invalid JSON, unknown version, negative amount,
+        /// Poison messages (cut-off JSON, unknown version, negative amount,
         /// unsupported currency, unknown type, in turn).
         #[arg(long, default_value_t = 0)]
         poison: usize,
+        /// Share of valid messages published as producers that are not
+        /// warren would (CloudEvents structured and binary, bare payloads
+        /// with and without an id, in turn), 0 to 1.
+        #[arg(long, default_value_t = 0.0)]
+        foreign: f64,
         /// Messages from flaky customers, which fail twice before succeeding.
         #[arg(long, default_value_t = 0)]
         flaky: usize,
@@ -551,6 +556,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             duplicates,
             v2,
             poison,
+            foreign,
             flaky,
             seed,
         } => {
@@ -560,6 +566,7 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
                 count: *count,
                 duplicates: *duplicates,
                 v2: *v2,
+                foreign: *foreign,
                 poison: *poison,
                 flaky: *flaky,
                 seed: seed.unwrap_or_else(|| fastrand::u64(..)),

@@ -12,6 +12,7 @@ use warren::Outgoing;
 use warren::admin::DeadLetterReason;
 use warren::broker::Publisher;
 use warren::lapin::BasicProperties;
+use warren::lapin::types::{AMQPValue, FieldTable};
 
 use crate::handlers::{CURRENCIES, InvoicePaidV1, InvoicePaidV2, PAID_V1, PAID_V2, minor_units};
 
@@ -28,14 +29,114 @@ pub struct StreamSpec {
     pub poison: usize,
     /// Messages from flaky customers (fail twice, then succeed); part of `count`.
     pub flaky: usize,
+    /// Share of valid messages published as a producer that is not warren
+    /// would (0 to 1): CloudEvents in both modes and bare payloads, with and
+    /// without an id, in turn (see [`Form`]); the rest in warren's envelope.
+    pub foreign: f64,
     /// Seed of the random choices, for a repeatable stream.
     pub seed: u64,
+}
+
+/// How a valid invoice is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Form {
+    /// warren's envelope, as warren's outbox sends it.
+    Warren,
+    /// A CloudEvent, structured mode (`application/cloudevents+json`).
+    CloudEventStructured,
+    /// A CloudEvent, binary mode (`ce-` headers, the body the data).
+    CloudEventBinary,
+    /// The bare payload, its id in the AMQP `message_id`, its type in `type`.
+    Bare,
+    /// The bare payload with no id at all: billing keys a v1 payment by
+    /// `{invoiceId}:paid` (a v2 payment goes as [`Form::Bare`]).
+    BareWithoutId,
+}
+
+impl Form {
+    /// The foreign forms, in the order they are handed out.
+    const FOREIGN: [Form; 4] = [
+        Form::CloudEventStructured,
+        Form::CloudEventBinary,
+        Form::Bare,
+        Form::BareWithoutId,
+    ];
+
+    /// Its name in the demo's table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::Warren => "warren envelope",
+            Form::CloudEventStructured => "cloudevent, structured",
+            Form::CloudEventBinary => "cloudevent, binary",
+            Form::Bare => "bare payload",
+            Form::BareWithoutId => "bare payload, no id",
+        }
+    }
+}
+
+/// `msg` as a producer publishing in `form` would send it: the same event
+/// type, payload and (where the form carries one) id.
+fn in_form(form: Form, routing_key: &str, msg: &Outgoing) -> Planned {
+    if form == Form::Warren {
+        return planned(routing_key, msg);
+    }
+    let meta = msg.meta();
+    let envelope: serde_json::Value =
+        serde_json::from_slice(&msg.body()).expect("an envelope is JSON");
+    let payload = envelope["payload"].clone();
+    let time = meta
+        .occurred_at
+        .unwrap_or_else(Utc::now)
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let source = "/billing/demo";
+    let json = || BasicProperties::default().with_content_type("application/json".into());
+    let (body, properties) = match form {
+        Form::CloudEventStructured => (
+            json!({
+                "specversion": "1.0", "id": meta.message_id, "source": source,
+                "type": meta.event_type, "time": time,
+                "datacontenttype": "application/json", "data": payload,
+            }),
+            BasicProperties::default().with_content_type("application/cloudevents+json".into()),
+        ),
+        Form::CloudEventBinary => {
+            let mut headers = FieldTable::default();
+            for (name, value) in [
+                ("ce-specversion", "1.0"),
+                ("ce-id", meta.message_id.as_str()),
+                ("ce-source", source),
+                ("ce-type", meta.event_type.as_str()),
+                ("ce-time", time.as_str()),
+            ] {
+                headers.insert(name.into(), AMQPValue::LongString(value.into()));
+            }
+            (payload, json().with_headers(headers))
+        }
+        Form::BareWithoutId if meta.schema_version == 1 => {
+            (payload, json().with_type(meta.event_type.as_str().into()))
+        }
+        _ => (
+            payload,
+            json()
+                .with_message_id(meta.message_id.as_str().into())
+                .with_type(meta.event_type.as_str().into()),
+        ),
+    };
+    Planned {
+        routing_key: routing_key.to_owned(),
+        body: serde_json::to_vec(&body).expect("JSON values serialize"),
+        properties: properties.with_delivery_mode(2),
+    }
 }
 
 impl StreamSpec {
     /// Checks the numbers; the error names the flag.
     pub fn validate(&self) -> Result<(), String> {
-        for (flag, v) in [("--duplicates", self.duplicates), ("--v2", self.v2)] {
+        for (flag, v) in [
+            ("--duplicates", self.duplicates),
+            ("--v2", self.v2),
+            ("--foreign", self.foreign),
+        ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{flag} is a share from 0 to 1, got {v}"));
             }
@@ -77,6 +178,8 @@ pub struct Expected {
     pub poison: BTreeMap<String, usize>,
     /// Loyalty points: one credit of floor(amount) per valid message.
     pub loyalty_sum: i128,
+    /// Valid messages by the form they were published in.
+    pub forms: BTreeMap<Form, usize>,
 }
 
 /// The stream and its expected outcome.
@@ -99,7 +202,8 @@ fn planned(routing_key: &str, msg: &Outgoing) -> Planned {
 
 /// The poison kinds, in the order they are handed out.
 const POISON: [DeadLetterReason; 5] = [
-    DeadLetterReason::InvalidJson,
+    // Cut-off JSON: none of the formats billing reads takes it.
+    DeadLetterReason::UnrecognizedFormat,
     DeadLetterReason::UnknownSchemaVersion,
     DeadLetterReason::Permanent, // negative amount
     DeadLetterReason::Permanent, // unsupported currency
@@ -158,18 +262,28 @@ pub fn plan(spec: &StreamSpec) -> Plan {
             )
         };
         let key = if v2 { PAID_V2 } else { PAID_V1 };
-        valid.push((key, msg, i < spec.flaky));
+        let form = if rng.f64() < spec.foreign {
+            Form::FOREIGN[i % Form::FOREIGN.len()]
+        } else {
+            Form::Warren
+        };
+        let counted = match form {
+            Form::BareWithoutId if v2 => Form::Bare,
+            form => form,
+        };
+        *expected.forms.entry(counted).or_default() += 1;
+        valid.push((key, in_form(form, key, &msg), i < spec.flaky));
     }
     expected.valid = valid.len();
     expected.flaky = spec.flaky;
 
     let mut messages = Vec::new();
     let mut copies = Vec::new();
-    for (key, msg, flaky) in &valid {
-        messages.push(planned(key, msg));
+    for (_, planned, flaky) in &valid {
+        messages.push(planned.clone());
         // Flaky messages are not duplicated, so that the retry count is exact.
         if !flaky && rng.f64() < spec.duplicates {
-            copies.push(planned(key, msg));
+            copies.push(planned.clone());
         }
     }
     expected.duplicates = copies.len();
@@ -187,7 +301,7 @@ pub fn plan(spec: &StreamSpec) -> Plan {
         let reason = POISON[n % POISON.len()];
         let good = json!({"invoiceId": format!("inv_poison_{n}"), "customerId": "cus_1", "amount": 10, "currency": "EUR"});
         let p = match (n % POISON.len(), reason) {
-            (_, DeadLetterReason::InvalidJson) => {
+            (_, DeadLetterReason::UnrecognizedFormat) => {
                 let id = uuid::Uuid::now_v7().to_string();
                 Planned {
                     routing_key: PAID_V1.into(),

@@ -324,7 +324,7 @@ async fn run_processes_a_realistic_batch(database_url: &str) {
     assert_eq!(line_value(&status, "outbox failed"), Some(0), "{status}");
     assert_eq!(line_value(&status, "queue ready"), Some(0), "{status}");
     for (reason, n) in [
-        ("invalid-json", 1),
+        ("unrecognized-format", 1),
         ("unknown-schema-version", 1),
         ("permanent-failure", 2),
         ("unknown-event-type", 1),

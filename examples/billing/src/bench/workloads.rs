@@ -48,6 +48,7 @@ pub fn invoices(n: usize) -> Vec<Planned> {
         v2: 0.0,
         poison: 0,
         flaky: 0,
+        foreign: 0.0,
         seed: fastrand::u64(..),
     })
     .messages
