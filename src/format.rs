@@ -37,7 +37,6 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, truncate};
-use crate::envelope::{InvalidMessage, MAX_MESSAGE_ID_LEN, Metadata};
 use crate::failure::DeadLetterReason;
 
 mod bare;
@@ -47,6 +46,63 @@ mod warren;
 pub use bare::{Bare, TypeFrom, VersionFrom};
 pub use cloudevents::{CONTENT_TYPE_STRUCTURED, CloudEvents};
 pub use warren::WarrenEnvelope;
+
+/// The content type warren's envelope is sent with.
+pub const CONTENT_TYPE_JSON: &str = "application/json";
+
+/// Default upper bound on a message body: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Longest message id accepted. Ids are stored in the inbox's primary key, so an
+/// unbounded id is an unbounded index entry.
+pub const MAX_MESSAGE_ID_LEN: usize = 200;
+
+/// What a message says about itself, apart from its payload, whatever its
+/// format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// The id warren deduplicates by: the inbox key, the journal's and the
+    /// dead-letter store's message id ([`Identity::key`]). For warren's
+    /// envelope and any producer's own id, that id.
+    pub message_id: String,
+    /// Who the message is, as it arrived: the producer's id, a CloudEvent's
+    /// `source` and `id`, or the key its route derived.
+    pub identity: Identity,
+    /// The format it was read in (`warren`, `bare`, `cloudevents`, ...).
+    pub format: &'static str,
+    /// Event type, e.g. `billing.invoice-paid.v1`.
+    pub event_type: String,
+    /// Schema version of the payload.
+    pub schema_version: u32,
+    /// When the business event happened, as the producer saw it; `None` if
+    /// the message does not say (a bare payload without a timestamp).
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// Id shared by every message of one business flow; the message's own
+    /// id when its producer sent none.
+    pub correlation_id: String,
+    /// Id of the message that caused this one; `None` for the first message of a flow.
+    pub causation_id: Option<String>,
+}
+
+/// Why a message was refused before reaching a handler.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct InvalidMessage {
+    /// The dead-letter reason this refusal is filed under.
+    pub reason: DeadLetterReason,
+    /// A human-readable explanation; never contains the payload.
+    pub detail: String,
+}
+
+impl InvalidMessage {
+    /// A refusal for `reason`, explained by `detail` (never the payload).
+    pub fn new(reason: DeadLetterReason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
 
 /// The parts of an AMQP delivery a format reads.
 #[derive(Debug, Clone, Copy)]

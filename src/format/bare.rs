@@ -4,11 +4,11 @@
 use chrono::{DateTime, TimeZone, Utc};
 use lapin::types::AMQPValue;
 
+use super::InvalidMessage;
 use super::{
     Format, Identity, Incoming, Read, Refusal, check_id, check_short, json_body, json_content_type,
     version_suffix,
 };
-use crate::envelope::InvalidMessage;
 use crate::failure::DeadLetterReason as R;
 
 /// Where a bare payload's event type comes from.

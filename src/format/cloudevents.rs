@@ -17,12 +17,12 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use super::InvalidMessage;
 use super::bare::{VersionFrom, time_value};
 use super::{
     Format, Identity, Incoming, Read, Refusal, check_id, check_short, essence, json_content_type,
     version_suffix,
 };
-use crate::envelope::InvalidMessage;
 use crate::failure::DeadLetterReason as R;
 
 /// The structured mode's content type.

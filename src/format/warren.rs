@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
+use super::{CONTENT_TYPE_JSON, InvalidMessage};
 use super::{Format, Identity, Incoming, Read, Refusal, check_id, check_short};
-use crate::envelope::{CONTENT_TYPE_JSON, InvalidMessage};
 use crate::failure::DeadLetterReason as R;
 
 /// warren's envelope, the format warren's outbox publishes. A body is
