@@ -1,8 +1,9 @@
-//! The message envelope: parsing and validating what arrives, building what leaves.
+//! warren's message envelope: parsing and validating what arrives in it.
 //!
-//! Every delivery is checked here before any handler or database is touched. A check
-//! that fails yields an [`InvalidMessage`] carrying the [`DeadLetterReason`] the
-//! consumer files it under; nothing in this module is retried.
+//! Every delivery is checked before any handler or database is touched. A check
+//! that fails yields an [`InvalidMessage`] carrying the
+//! [`DeadLetterReason`](crate::admin::DeadLetterReason) the consumer files it
+//! under; nothing here is retried. Other formats: [`format`](crate::format).
 
 use serde_json::value::RawValue;
 
