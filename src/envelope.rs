@@ -26,7 +26,10 @@ impl Envelope {
     /// `message_id` property, JSON, the envelope's fields, and that the
     /// body's id equals the property.
     pub fn parse(incoming: Incoming<'_>, max_body_bytes: usize) -> Result<Self, InvalidMessage> {
-        let read = crate::format::Formats::default().read(&incoming, max_body_bytes)?;
+        // Built once: a list of one format, shared by every parse.
+        static WARREN: std::sync::LazyLock<crate::format::Formats> =
+            std::sync::LazyLock::new(crate::format::Formats::default);
+        let read = WARREN.read(&incoming, max_body_bytes)?;
         let identity = read
             .identity
             .clone()

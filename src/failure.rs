@@ -222,11 +222,21 @@ pub enum DeadLetterReason {
     /// The key a route derives from the payload (for a message sent without
     /// an id) is empty, too long or holds a control character.
     InvalidDerivedKey,
+    /// A MassTransit envelope that cannot be read: not its JSON shape, no
+    /// `messageId`, or a `messageType` the consumer maps to no event type.
+    InvalidMassTransit,
+    /// An NServiceBus message that cannot be read: no `NServiceBus.MessageId`,
+    /// enclosed types the consumer maps to no event type, a body that is
+    /// not JSON.
+    InvalidNServiceBus,
+    /// A Spring AMQP message whose `__TypeId__` the consumer maps to no event
+    /// type, or whose body is not JSON.
+    InvalidSpringMessage,
 }
 
 impl DeadLetterReason {
     /// Every reason, for reports and tests.
-    pub const ALL: [DeadLetterReason; 22] = [
+    pub const ALL: [DeadLetterReason; 25] = [
         DeadLetterReason::BodyTooLarge,
         DeadLetterReason::InvalidContentType,
         DeadLetterReason::UnsupportedContentEncoding,
@@ -249,6 +259,9 @@ impl DeadLetterReason {
         DeadLetterReason::InvalidBarePayload,
         DeadLetterReason::UnrecognizedFormat,
         DeadLetterReason::InvalidDerivedKey,
+        DeadLetterReason::InvalidMassTransit,
+        DeadLetterReason::InvalidNServiceBus,
+        DeadLetterReason::InvalidSpringMessage,
     ];
 
     /// Whether the message itself was at fault as it arrived (malformed,
@@ -287,6 +300,9 @@ impl DeadLetterReason {
             DeadLetterReason::InvalidBarePayload => "invalid-bare-payload",
             DeadLetterReason::UnrecognizedFormat => "unrecognized-format",
             DeadLetterReason::InvalidDerivedKey => "invalid-derived-key",
+            DeadLetterReason::InvalidMassTransit => "invalid-masstransit",
+            DeadLetterReason::InvalidNServiceBus => "invalid-nservicebus",
+            DeadLetterReason::InvalidSpringMessage => "invalid-spring-message",
         }
     }
 

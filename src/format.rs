@@ -12,7 +12,9 @@
 //! envelope: the size limit, the id rules, the inbox.
 //!
 //! Shipped: [`WarrenEnvelope`] (the default), [`Bare`] payloads with AMQP
-//! properties, and [`CloudEvents`] 1.0 in structured and binary mode.
+//! properties, [`CloudEvents`] 1.0 in structured and binary mode, and the
+//! messages of the frameworks services migrate from: [`MassTransit`]'s
+//! envelope, [`NServiceBus`]'s headers and [`SpringAmqp`]'s `__TypeId__`.
 //! `docs/formats.md` maps each one's fields.
 //!
 //! ```
@@ -41,10 +43,16 @@ use crate::failure::DeadLetterReason;
 
 mod bare;
 mod cloudevents;
+mod masstransit;
+mod nservicebus;
+mod spring;
 mod warren;
 
 pub use bare::{Bare, TypeFrom, VersionFrom};
 pub use cloudevents::{CONTENT_TYPE_STRUCTURED, CloudEvents};
+pub use masstransit::{CONTENT_TYPE_MASSTRANSIT, MassTransit};
+pub use nservicebus::NServiceBus;
+pub use spring::SpringAmqp;
 pub use warren::WarrenEnvelope;
 
 /// The content type warren's envelope is sent with.
@@ -166,6 +174,13 @@ impl<'a> Incoming<'a> {
     /// The header `name` as text, if it is an AMQP string.
     pub fn header_str(&self, name: &str) -> Option<Cow<'a, str>> {
         crate::amqp::header_str(self.headers?, name)
+    }
+
+    /// The AMQP `timestamp` property as a time, if it is set and in range.
+    pub fn sent_at(&self) -> Option<DateTime<Utc>> {
+        use chrono::TimeZone;
+        let seconds = i64::try_from(self.timestamp?).ok()?;
+        Utc.timestamp_opt(seconds, 0).single()
     }
 }
 
@@ -397,8 +412,12 @@ impl Formats {
                 ),
             ));
         }
+        // Spring AMQP's converter puts the charset, `UTF-8`, in the content
+        // encoding: not an encoding of the bytes, and what JSON is anyway.
         if let Some(encoding) = incoming.content_encoding
-            && !(encoding.is_empty() || encoding.eq_ignore_ascii_case("identity"))
+            && !["", "identity", "utf-8", "utf8"]
+                .iter()
+                .any(|e| encoding.eq_ignore_ascii_case(e))
         {
             return Err(InvalidMessage::new(
                 R::UnsupportedContentEncoding,
@@ -439,6 +458,60 @@ impl fmt::Debug for Formats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.names()).finish()
     }
+}
+
+/// Another framework's message type names, each mapped to an event type
+/// and a schema version: such a framework sends no version, and a name no
+/// mapping lists is refused.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TypeMap {
+    types: Vec<(String, String, u32)>,
+}
+
+impl TypeMap {
+    /// This map, and `name` read as `event_type` in `version`.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is mapped already: a message of it could not be told
+    /// apart.
+    pub(crate) fn with(mut self, name: String, event_type: &str, version: u32) -> Self {
+        assert!(
+            self.get(&name).is_none(),
+            "the message type {name:?} is mapped twice"
+        );
+        self.types.push((name, event_type.to_owned(), version));
+        self
+    }
+
+    /// What `name` is mapped to.
+    pub(crate) fn get(&self, name: &str) -> Option<(&str, u32)> {
+        self.types
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, t, v)| (t.as_str(), *v))
+    }
+
+    /// What the first of `names` that is mapped is mapped to.
+    pub(crate) fn first_of<'n>(
+        &self,
+        mut names: impl Iterator<Item = &'n str>,
+    ) -> Option<(&str, u32)> {
+        names.find_map(|n| self.get(n))
+    }
+}
+
+/// Names a producer sent, for a refusal: the first few, each cut short.
+pub(crate) fn shown_list<S: AsRef<str>>(names: &[S]) -> String {
+    let mut shown: Vec<String> = names
+        .iter()
+        .take(3)
+        .map(|n| format!("{:?}", truncate(n.as_ref(), 100)))
+        .collect();
+    if names.len() > 3 {
+        shown.push(format!("and {} more", names.len() - 3));
+    }
+    format!("[{}]", shown.join(", "))
 }
 
 /// Checks a producer's id or a derived key: 1 to 200 bytes, no control

@@ -335,6 +335,9 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         let handler = match self.registry.lookup(&read.event_type, read.schema_version) {
             Ok(handler) => handler,
             Err((reason, detail)) => {
+                // The format is named: a bare payload's type came from a
+                // property, a framework's from its mapping.
+                let detail = format!("{detail}; read as {}", read.format);
                 return Err((InvalidMessage::new(reason, detail), Some(Box::new(read))));
             }
         };

@@ -4,12 +4,15 @@
 //! amqplib, on a consumer that reads CloudEvents, warren's envelope and bare
 //! payloads; and keys derived from the payload for messages sent without an id.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use serde::Deserialize;
-use warren::format::{Bare, CloudEvents, Formats, VersionFrom, WarrenEnvelope};
+use warren::format::{
+    Bare, CloudEvents, Formats, MassTransit, NServiceBus, SpringAmqp, VersionFrom, WarrenEnvelope,
+};
 use warren::{Consumer, HandlerError, Message, Registry, Tx};
 
 use crate::util::{Backend, Job, Running, TestBroker, amqp_url, routes, wait_for};
@@ -17,6 +20,8 @@ use crate::util::{Backend, Job, Running, TestBroker, amqp_url, routes, wait_for}
 on_all_backends!(
     foreign_producers_are_each_applied_once,
     the_same_invoice_without_an_id_on_two_instances_applies_once,
+    other_frameworks_messages_are_each_applied_once,
+    hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_once,
 );
 
 /// Where `.ci/interop-setup` installed the producers.
@@ -187,6 +192,131 @@ async fn the_same_invoice_without_an_id_on_two_instances_applies_once<B: Backend
     assert_eq!(db.effects().await, INVOICES as i64);
     assert_eq!(db.distinct_effects().await, INVOICES as i64);
     assert_eq!(db.inbox(&broker.name).await, INVOICES as i64);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// The three frameworks' formats, each mapping the test's job type, then
+/// warren's envelope.
+fn framework_formats() -> Formats {
+    Formats::new()
+        .then(MassTransit::new().message_type("urn:message:Warren.Tests:Job", "test.job", 1))
+        .then(NServiceBus::new().message_type("Warren.Tests.Job", "test.job", 1))
+        .then(SpringAmqp::new().type_id("com.example.warren.Job", "test.job", 1))
+        .then(WarrenEnvelope)
+}
+
+/// pika publishes MassTransit envelopes, NServiceBus messages and Spring
+/// AMQP's JSON messages as those frameworks' RabbitMQ transports document
+/// them, 30 of each, each twice: 90 effects, 90 duplicates.
+async fn other_frameworks_messages_are_each_applied_once<B: Backend>() {
+    const EACH: u32 = 30;
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_formats(framework_formats())
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let kinds = ["pika-masstransit", "pika-nservicebus", "pika-spring"];
+    for kind in kinds {
+        produce(kind, &broker, "test.job", EACH);
+    }
+    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    let unique = EACH as u64 * kinds.len() as u64;
+    assert!(
+        running.settled(2 * unique, Duration::from_secs(120)).await,
+        "not all deliveries settled: {:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(stats.applied, unique, "{stats:?}");
+    assert_eq!(stats.duplicates, unique, "{stats:?}");
+    assert_eq!(stats.dead_lettered + stats.retried, 0, "{stats:?}");
+    assert_eq!(db.effects().await, unique as i64);
+    assert_eq!(db.distinct_effects().await, unique as i64);
+    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Hostile messages from pika, each followed by a valid bare payload sent
+/// twice: every hostile one is dead-lettered at once with a reason naming
+/// its format, nothing of it applied, and every follower applied once. A
+/// structured CloudEvent with contradicting `ce-` headers beside it is read
+/// from its body.
+async fn hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_once<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let formats = Formats::new()
+        .then(CloudEvents::new().version_from(VersionFrom::Fixed(1)))
+        .then(MassTransit::new().message_type("urn:message:Warren.Tests:Job", "test.job", 1))
+        .then(WarrenEnvelope)
+        .then(Bare::new().version_from(VersionFrom::Fixed(1)));
+    let config = broker.builder().with_formats(formats).build().unwrap();
+    broker.declare_config(&config).await;
+    produce("pika-hostile", &broker, "test.job", 0);
+
+    let expected: BTreeMap<&str, &str> = [
+        ("ce-id-too-long", "invalid-cloudevent"),
+        ("ce-source-control", "invalid-cloudevent"),
+        ("ce-data-not-json", "invalid-cloudevent"),
+        ("ce-broken-body", "invalid-cloudevent"),
+        ("ce-data-base64", "invalid-cloudevent"),
+        ("ce-binary-text", "invalid-cloudevent"),
+        ("ce-specversion", "invalid-cloudevent"),
+        ("ce-two-prefixes", "invalid-cloudevent"),
+        ("ce-id-boolean", "invalid-cloudevent"),
+        ("masstransit-unknown-type", "invalid-masstransit"),
+        ("bare-unknown-type", "unknown-event-type"),
+    ]
+    .into();
+    let hostile = expected.len() as u64;
+    // Each case's follower twice, and the structured event twice.
+    let valid = hostile + 1;
+    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    assert!(
+        running
+            .settled(hostile + 2 * valid, Duration::from_secs(60))
+            .await,
+        "not all deliveries settled: {:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(stats.dead_lettered, hostile, "{stats:?}");
+    assert_eq!(stats.retried, 0, "never retried: {stats:?}");
+    assert_eq!(stats.applied, valid, "{stats:?}");
+    assert_eq!(stats.duplicates, valid, "{stats:?}");
+    assert_eq!(db.effects().await, valid as i64, "nothing hostile applied");
+    assert_eq!(db.distinct_effects().await, valid as i64);
+
+    let mut seen = BTreeMap::new();
+    for letter in broker.drain(&broker.dead_letter_queue()).await {
+        let headers = letter.properties.headers().clone().unwrap_or_default();
+        let text = |name: &str| match headers.inner().get(name) {
+            Some(lapin::types::AMQPValue::LongString(s)) => {
+                String::from_utf8_lossy(s.as_bytes()).into_owned()
+            }
+            other => panic!("{name}: {other:?}"),
+        };
+        let case = text("test-case");
+        let reason = text("x-warren-reason");
+        let error = text("x-warren-error");
+        if case == "bare-unknown-type" {
+            assert!(error.contains("read as bare"), "{case}: {error}");
+        }
+        assert!(
+            !error.is_empty(),
+            "{case}: an error that says what is wrong"
+        );
+        seen.insert(case, reason);
+    }
+    let seen: BTreeMap<&str, &str> = seen.iter().map(|(c, r)| (c.as_str(), r.as_str())).collect();
+    assert_eq!(seen, expected);
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -153,10 +153,7 @@ impl Format for Bare {
                 time_value(incoming.header(name).expect("checked"))
                     .ok_or_else(|| invalid(format!("header {name:?} is not an RFC 3339 time")))?,
             ),
-            _ => incoming
-                .timestamp
-                .and_then(|s| i64::try_from(s).ok())
-                .and_then(|s| Utc.timestamp_opt(s, 0).single()),
+            _ => incoming.sent_at(),
         };
         Ok(read)
     }

@@ -473,3 +473,294 @@ fn identities_never_meet_across_namespaces() {
 fn a_format_listed_twice_is_a_programming_error() {
     let _ = Formats::new().then(Bare::new()).then(Bare::new());
 }
+
+fn frameworks() -> Formats {
+    Formats::new()
+        .then(CloudEvents::new())
+        .then(
+            MassTransit::new()
+                .message_type(
+                    "urn:message:Billing.Contracts:IInvoiceEvent",
+                    "billing.any",
+                    9,
+                )
+                .message_type(
+                    "urn:message:Billing.Contracts:InvoicePaid",
+                    "billing.invoice-paid",
+                    1,
+                ),
+        )
+        .then(NServiceBus::new().message_type(
+            "Billing.Contracts.InvoicePaid",
+            "billing.invoice-paid",
+            1,
+        ))
+        .then(SpringAmqp::new().type_id(
+            "com.example.billing.InvoicePaid",
+            "billing.invoice-paid",
+            1,
+        ))
+        .then(WarrenEnvelope)
+        .then(Bare::new())
+}
+
+/// A MassTransit envelope as its System.Text.Json serializer writes one.
+fn masstransit_body(message_type: &str) -> String {
+    format!(
+        r#"{{"messageId":"00010000-ac12-0242-d4c8-08dd1e3b7a11",
+        "correlationId":"2f1e0000-0000-0000-0000-000000000001",
+        "conversationId":"00010000-ac12-0242-d4c9-08dd1e3b7a11",
+        "initiatorId":"00010000-ac12-0242-aaaa-08dd1e3b7a11",
+        "sourceAddress":"rabbitmq://localhost/shop",
+        "destinationAddress":"rabbitmq://localhost/Billing.Contracts:InvoicePaid",
+        "messageType":{message_type},
+        "message":{paid},
+        "sentTime":"2026-12-07T09:23:14.3184567Z",
+        "headers":{{}},
+        "host":{{"machineName":"shop-1","processName":"Shop","processId":4242,
+                 "assembly":"Shop","assemblyVersion":"1.0.0.0",
+                 "frameworkVersion":"8.0.11","massTransitVersion":"8.3.4.0",
+                 "operatingSystemVersion":"Unix 6.1"}}}}"#,
+        paid = std::str::from_utf8(PAID).unwrap()
+    )
+}
+
+#[test]
+fn a_masstransit_envelope_maps_its_first_known_urn() {
+    let body = masstransit_body(
+        r#"["urn:message:Billing.Contracts:InvoicePaid","urn:message:Billing.Contracts:IInvoiceEvent"]"#,
+    );
+    let incoming = Incoming {
+        message_id: Some("00010000-ac12-0242-d4c8-08dd1e3b7a11"),
+        content_type: Some("application/vnd.masstransit+json"),
+        ..Incoming::body_only(body.as_bytes())
+    };
+    let read = read_in(&frameworks(), incoming).unwrap();
+    assert_eq!(read.format, "masstransit");
+    assert_eq!(
+        read.identity,
+        Some(Identity::Given(
+            "00010000-ac12-0242-d4c8-08dd1e3b7a11".into()
+        ))
+    );
+    assert_eq!(
+        (read.event_type.as_str(), read.schema_version),
+        ("billing.invoice-paid", 1)
+    );
+    assert_eq!(
+        read.correlation_id.as_deref(),
+        Some("00010000-ac12-0242-d4c9-08dd1e3b7a11"),
+        "the conversation is the flow"
+    );
+    assert_eq!(
+        read.causation_id.as_deref(),
+        Some("00010000-ac12-0242-aaaa-08dd1e3b7a11")
+    );
+    assert_eq!(
+        read.occurred_at.unwrap().to_rfc3339(),
+        "2026-12-07T09:23:14.318456700+00:00"
+    );
+    assert_eq!(read.payload.get().as_bytes(), PAID);
+}
+
+#[test]
+fn hostile_masstransit_envelopes_are_refused_naming_the_format() {
+    let mt = |body: &str, id: Option<&'static str>| -> InvalidMessage {
+        let body = body.to_owned().into_bytes();
+        let incoming = Incoming {
+            message_id: id,
+            content_type: Some("application/vnd.masstransit+json"),
+            ..Incoming::body_only(&body)
+        };
+        refused(&frameworks(), incoming)
+    };
+    let unknown = mt(
+        &masstransit_body(r#"["urn:message:Shop:OrderPlaced"]"#),
+        None,
+    );
+    assert_eq!(unknown.reason, R::InvalidMassTransit);
+    assert!(
+        unknown.detail.contains("urn:message:Shop:OrderPlaced"),
+        "{unknown}"
+    );
+    assert_eq!(
+        mt(&masstransit_body("[]"), None).reason,
+        R::InvalidMassTransit
+    );
+    assert_eq!(
+        mt(
+            &masstransit_body(r#""urn:message:Billing.Contracts:InvoicePaid""#),
+            None
+        )
+        .reason,
+        R::InvalidMassTransit,
+        "messageType is a list"
+    );
+    let mismatch = mt(
+        &masstransit_body(r#"["urn:message:Billing.Contracts:InvoicePaid"]"#),
+        Some("another-id"),
+    );
+    assert_eq!(mismatch.reason, R::MessageIdMismatch);
+    for body in [
+        r#"{"messageType":["urn:message:Billing.Contracts:InvoicePaid"],"message":{}}"#,
+        r#"{"messageId":"","messageType":["urn:message:Billing.Contracts:InvoicePaid"],"message":{}}"#,
+        r#"{"messageId":"m\u0000","messageType":["urn:message:Billing.Contracts:InvoicePaid"],"message":{}}"#,
+        r#"{"messageId":"m-1","messageType":["urn:message:Billing.Contracts:InvoicePaid"]}"#,
+        r#"{"messageId":"m-1","messageType":["urn:message:Billing.Contracts:InvoicePaid"],"message":{},"sentTime":"yesterday"}"#,
+        r#"{"messageId":"m-1","messageType":["urn:message:Billing.Contracts:InvoicePaid"],"message":{},"conversationId":"a\nb"}"#,
+        r#"[1,2]"#,
+        r#"{"messageId":"m-1""#,
+    ] {
+        let why = mt(body, None);
+        assert_eq!(why.reason, R::InvalidMassTransit, "{body}: {why}");
+    }
+    let long = format!(
+        r#"{{"messageId":"{}","messageType":["urn:message:Billing.Contracts:InvoicePaid"],"message":{{}}}}"#,
+        "m".repeat(201)
+    );
+    assert_eq!(mt(&long, None).reason, R::InvalidMassTransit);
+    // Alone, a consumer of MassTransit refuses other content types as such.
+    let alone = Formats::new().then(MassTransit::new());
+    assert_eq!(
+        refused(&alone, Incoming::body_only(PAID)).reason,
+        R::InvalidContentType
+    );
+}
+
+fn nservicebus_headers(types: &str) -> FieldTable {
+    headers(&[
+        (
+            "NServiceBus.MessageId",
+            text("8a0c5d4e-7b2f-4c1e-9a3b-b2a100000001"),
+        ),
+        ("NServiceBus.EnclosedMessageTypes", text(types)),
+        ("NServiceBus.ContentType", text("application/json")),
+        ("NServiceBus.TimeSent", text("2026-12-07 09:23:14:318456 Z")),
+        ("NServiceBus.ConversationId", text("conv-1")),
+        ("NServiceBus.RelatedTo", text("cause-1")),
+        ("NServiceBus.MessageIntent", text("Publish")),
+        ("NServiceBus.Version", text("9.2.3")),
+    ])
+}
+
+#[test]
+fn an_nservicebus_message_maps_its_first_known_type() {
+    let table = nservicebus_headers(
+        "Billing.Contracts.InvoicePaid, Billing.Contracts, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null;\
+         Billing.Contracts.IInvoiceEvent, Billing.Contracts, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null",
+    );
+    let incoming = Incoming {
+        message_id: Some("8a0c5d4e-7b2f-4c1e-9a3b-b2a100000001"),
+        headers: Some(&table),
+        ..Incoming::body_only(PAID)
+    };
+    let read = read_in(&frameworks(), incoming).unwrap();
+    assert_eq!(read.format, "nservicebus");
+    assert_eq!(
+        read.identity,
+        Some(Identity::Given(
+            "8a0c5d4e-7b2f-4c1e-9a3b-b2a100000001".into()
+        ))
+    );
+    assert_eq!(
+        (read.event_type.as_str(), read.schema_version),
+        ("billing.invoice-paid", 1)
+    );
+    assert_eq!(read.correlation_id.as_deref(), Some("conv-1"));
+    assert_eq!(read.causation_id.as_deref(), Some("cause-1"));
+    assert_eq!(
+        read.occurred_at.unwrap().to_rfc3339(),
+        "2026-12-07T09:23:14.318456+00:00"
+    );
+    assert_eq!(read.payload.get().as_bytes(), PAID);
+}
+
+#[test]
+fn hostile_nservicebus_messages_are_refused_naming_the_format() {
+    let nsb = |table: &FieldTable, body: &'static [u8], id: Option<&'static str>| {
+        let incoming = Incoming {
+            message_id: id,
+            headers: Some(table),
+            ..Incoming::body_only(body)
+        };
+        refused(&frameworks(), incoming)
+    };
+    let known = "Billing.Contracts.InvoicePaid, Billing.Contracts";
+    let unknown = nsb(&nservicebus_headers("Shop.OrderPlaced, Shop"), PAID, None);
+    assert_eq!(unknown.reason, R::InvalidNServiceBus);
+    assert!(unknown.detail.contains("Shop.OrderPlaced"), "{unknown}");
+    assert_eq!(
+        nsb(&nservicebus_headers(known), PAID, Some("other")).reason,
+        R::MessageIdMismatch
+    );
+    assert_eq!(
+        nsb(&nservicebus_headers(known), b"<InvoicePaid/>", None).reason,
+        R::InvalidNServiceBus,
+        "not JSON"
+    );
+    let mut xml = nservicebus_headers(known);
+    xml.insert("NServiceBus.ContentType".into(), text("text/xml"));
+    assert_eq!(nsb(&xml, PAID, None).reason, R::InvalidNServiceBus);
+    let mut late = nservicebus_headers(known);
+    late.insert("NServiceBus.TimeSent".into(), text("2026-12-07T09:23:14Z"));
+    assert_eq!(nsb(&late, PAID, None).reason, R::InvalidNServiceBus);
+    let mut no_id = nservicebus_headers(known);
+    no_id.insert("NServiceBus.MessageId".into(), text(""));
+    assert_eq!(nsb(&no_id, PAID, None).reason, R::InvalidNServiceBus);
+    let mut not_text = nservicebus_headers(known);
+    not_text.insert(
+        "NServiceBus.EnclosedMessageTypes".into(),
+        AMQPValue::LongInt(7),
+    );
+    assert_eq!(nsb(&not_text, PAID, None).reason, R::InvalidNServiceBus);
+}
+
+#[test]
+fn a_spring_message_maps_its_type_id() {
+    let table = headers(&[("__TypeId__", text("com.example.billing.InvoicePaid"))]);
+    let incoming = Incoming {
+        content_type: Some("application/json"),
+        // Spring's converter names the charset here.
+        content_encoding: Some("UTF-8"),
+        headers: Some(&table),
+        timestamp: Some(1_700_000_000),
+        ..Incoming::body_only(PAID)
+    };
+    let read = read_in(&frameworks(), incoming).unwrap();
+    assert_eq!(read.format, "spring");
+    assert_eq!(read.identity, None, "Spring sends no id unless told to");
+    assert_eq!(
+        (read.event_type.as_str(), read.schema_version),
+        ("billing.invoice-paid", 1)
+    );
+    assert_eq!(read.occurred_at.unwrap().timestamp(), 1_700_000_000);
+
+    let unknown = headers(&[("__TypeId__", text("com.example.shop.OrderPlaced"))]);
+    let why = refused(
+        &frameworks(),
+        Incoming {
+            message_id: Some("m-1"),
+            headers: Some(&unknown),
+            ..Incoming::body_only(PAID)
+        },
+    );
+    assert_eq!(why.reason, R::InvalidSpringMessage);
+    assert!(why.detail.contains("com.example.shop.OrderPlaced"), "{why}");
+    let why = refused(
+        &frameworks(),
+        Incoming {
+            message_id: Some("m-1"),
+            headers: Some(&table),
+            ..Incoming::body_only(b"not json")
+        },
+    );
+    assert_eq!(why.reason, R::InvalidSpringMessage);
+}
+
+#[test]
+#[should_panic(expected = "mapped twice")]
+fn a_type_mapped_twice_is_a_programming_error() {
+    let _ = SpringAmqp::new()
+        .type_id("a.B", "x", 1)
+        .type_id("a.B", "y", 2);
+}
