@@ -22,6 +22,7 @@ on_all_backends!(
     the_same_invoice_without_an_id_on_two_instances_applies_once,
     other_frameworks_messages_are_each_applied_once,
     hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_once,
+    foreign_dead_letters_are_stored_under_the_id_warren_read,
 );
 
 /// Where `.ci/interop-setup` installed the producers.
@@ -317,6 +318,131 @@ async fn hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_
     }
     let seen: BTreeMap<&str, &str> = seen.iter().map(|(c, r)| (c.as_str(), r.as_str())).collect();
     assert_eq!(seen, expected);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// A handler that refuses every invoice for good.
+async fn refuse_paid<B: Backend>(_: Message<Paid>, _: &mut Tx<B>) -> Result<(), HandlerError> {
+    Err(HandlerError::permanent("this invoice cannot be paid"))
+}
+
+/// Two messages without an AMQP `message_id` dead-lettered after they were
+/// read: a binary CloudEvent of a type no route takes, and a bare payment
+/// its handler refuses, keyed by the route. Each letter carries the key,
+/// the format and the event type warren read (signed), and the dead-letter
+/// store files it under that key, found by it; replayed, it is the message
+/// its producer sent.
+async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() {
+    use warren::admin::Ingester;
+    use warren::format::Identity;
+    use warren::lapin::BasicProperties;
+    use warren::lapin::types::{AMQPValue, FieldTable, LongString};
+    use warren::store::{DeadLetterStore, LetterFilter};
+
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker.builder().with_formats(formats()).build().unwrap();
+    broker.declare_config(&config).await;
+    let registry = routes::<B>().route_keyed(
+        "test.paid",
+        1,
+        |p: &Paid| format!("{}:paid", p.invoice_id),
+        refuse_paid::<B>,
+    );
+
+    let source = format!("/shop/{}", broker.name);
+    let mut ce = FieldTable::default();
+    for (k, v) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", "order-1"),
+        ("ce-source", source.as_str()),
+        ("ce-type", "shop.order-placed"),
+    ] {
+        ce.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
+    }
+    let json = || BasicProperties::default().with_content_type("application/json".into());
+    broker
+        .publish_raw(br#"{"orderId":"o-1"}"#, json().with_headers(ce))
+        .await;
+    broker
+        .publish_raw(
+            br#"{"invoiceId":"inv_9"}"#,
+            json().with_type("test.paid".into()),
+        )
+        .await;
+
+    let running = Running::start(Consumer::new(config.clone(), db.store.clone(), registry));
+    assert!(running.settled(2, Duration::from_secs(60)).await);
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(stats.dead_lettered, 2, "{stats:?}");
+
+    let event_key = Identity::CloudEvent {
+        source: source.clone(),
+        id: "order-1".into(),
+    }
+    .key();
+    let paid_key = Identity::Derived("inv_9:paid".into()).key();
+    let ingesting = {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let ingester = Ingester::new(db.store.clone(), &config);
+        let handle = tokio::spawn(async move {
+            ingester
+                .run(&amqp_url(), async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        (stop, handle)
+    };
+    let all = LetterFilter::default();
+    let stored = wait_for(Duration::from_secs(60), || async {
+        db.store.dead_letters(&all, None, 10).await.unwrap().len() >= 2
+    })
+    .await;
+    let _ = ingesting.0.send(());
+    ingesting.1.await.unwrap().unwrap();
+    assert!(stored, "both letters stored");
+
+    for (key, event_type, reason, format) in [
+        (
+            &event_key,
+            "shop.order-placed",
+            "unknown-event-type",
+            "cloudevents",
+        ),
+        (&paid_key, "test.paid", "permanent-failure", "bare"),
+    ] {
+        let by_key = LetterFilter {
+            message_id: Some(key.clone()),
+            ..LetterFilter::default()
+        };
+        let found = db.store.dead_letters(&by_key, None, 10).await.unwrap();
+        assert_eq!(found.len(), 1, "{key}: {found:?}");
+        let letter = &found[0];
+        assert_eq!(letter.event_type, event_type);
+        assert_eq!(letter.reason, reason);
+        let record = db
+            .store
+            .dead_letter(&letter.letter_id)
+            .await
+            .unwrap()
+            .expect("the letter is stored");
+        assert!(
+            record
+                .headers
+                .contains(&format!(r#""x-warren-format":"{format}""#)),
+            "{key}: {}",
+            record.headers
+        );
+        let properties: serde_json::Value = serde_json::from_str(&record.properties).unwrap();
+        assert!(
+            properties["message_id"].is_null(),
+            "the copy gained no message_id its original lacked: {properties}"
+        );
+    }
 
     broker.cleanup().await;
     db.drop_db().await;

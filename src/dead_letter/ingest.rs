@@ -500,8 +500,13 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         let text = |v: &Option<lapin::types::ShortString>| {
             v.as_ref().map(|s| s.to_string()).unwrap_or_default()
         };
-        let message_id = text(trusted.message_id());
         let info = DeadLetterInfo::from_properties(&trusted);
+        // The id warren knew the message by, where it was read (a derived
+        // key, a CloudEvent's); else the AMQP property. Likewise its type.
+        let read_as = |field: fn(&DeadLetterInfo) -> &String| {
+            info.as_ref().map(field).filter(|v| !v.is_empty()).cloned()
+        };
+        let message_id = read_as(|i| &i.message_key).unwrap_or_else(|| text(trusted.message_id()));
         let (reason, error) = match &info {
             Some(i) => (i.reason.clone(), i.error.clone()),
             None => (
@@ -533,7 +538,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                 ),
                 id => letter_id(&consumer, id, &replay_id),
             });
-        let event_type = text(trusted.kind());
+        let event_type = read_as(|i| &i.event_type).unwrap_or_else(|| text(trusted.kind()));
         let (body, payload) = redacted(&delivery.body, &self.redact);
         let body_truncated = body.len() > self.max_body;
         let body = if body_truncated {

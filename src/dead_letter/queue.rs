@@ -30,9 +30,11 @@ use crate::version::GatedVersion;
 /// One message in a dead-letter queue.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
-    /// The AMQP `message_id`, empty if the message had none.
+    /// The id warren knew the message by, if its consumer read it (see
+    /// [`Identity::key`](crate::format::Identity::key)); else the AMQP
+    /// `message_id`, empty if the message had none.
     pub message_id: String,
-    /// The AMQP `type` property (warren sets it to the event type).
+    /// The event type its consumer read, else the AMQP `type` property.
     pub event_type: String,
     /// The failure record, if the message carries one.
     pub info: Option<DeadLetterInfo>,
@@ -53,10 +55,20 @@ impl DeadLetter {
         let text = |v: &Option<lapin::types::ShortString>| {
             v.as_ref().map(|s| s.to_string()).unwrap_or_default()
         };
+        let info = DeadLetterInfo::from_properties(props);
+        // As the consumer read it, where it did: a derived key or a
+        // CloudEvent's has no AMQP `message_id` to show.
+        let read_as = |field: fn(&DeadLetterInfo) -> &String, property: &Option<_>| {
+            info.as_ref()
+                .map(field)
+                .filter(|v| !v.is_empty())
+                .cloned()
+                .unwrap_or_else(|| text(property))
+        };
         Self {
-            message_id: text(props.message_id()),
-            event_type: text(props.kind()),
-            info: DeadLetterInfo::from_properties(props),
+            message_id: read_as(|i| &i.message_key, props.message_id()),
+            event_type: read_as(|i| &i.event_type, props.kind()),
+            info,
             body: d.data.clone(),
             properties: props.clone(),
             pruned,
@@ -296,6 +308,9 @@ const FAILURE_HEADERS: &[&str] = &[
     HEADER_QUEUE,
     crate::headers::HEADER_LETTER_ID,
     crate::headers::HEADER_REPLAY_ID,
+    crate::headers::HEADER_MESSAGE_KEY,
+    crate::headers::HEADER_FORMAT,
+    crate::headers::HEADER_EVENT_TYPE,
 ];
 
 /// The replayed copy: the dead letter's properties without its failure record

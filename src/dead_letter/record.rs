@@ -7,9 +7,10 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::amqp::{PERSISTENT, header_int, header_str, text, time, truncate};
 use crate::headers::{
-    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_FIRST_FAILURE,
-    HEADER_LAST_FAILURE, HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE,
-    HEADER_REASON, MAX_ERROR_LEN,
+    HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_ERROR, HEADER_EVENT_TYPE,
+    HEADER_FIRST_FAILURE, HEADER_FORMAT, HEADER_LAST_FAILURE, HEADER_MESSAGE_KEY,
+    HEADER_ORIGINAL_EXCHANGE, HEADER_ORIGINAL_ROUTING_KEY, HEADER_QUEUE, HEADER_REASON,
+    MAX_ERROR_LEN,
 };
 
 /// What a dead-lettered copy records about its failure.
@@ -33,6 +34,14 @@ pub struct DeadLetterInfo {
     pub first_failure: Option<DateTime<Utc>>,
     /// Last failure time.
     pub last_failure: Option<DateTime<Utc>>,
+    /// The id warren knew the message by, if it was read
+    /// ([`Identity::key`](crate::format::Identity::key)); empty if it was
+    /// refused before (then the AMQP `message_id` is all there is).
+    pub message_key: String,
+    /// The format it was read in; empty if it was refused before.
+    pub format: String,
+    /// Its event type as read; empty if it was refused before.
+    pub event_type: String,
 }
 
 impl DeadLetterInfo {
@@ -66,6 +75,15 @@ impl DeadLetterInfo {
         ];
         for (k, v) in entries {
             headers.insert(ShortString::from(k), v);
+        }
+        for (k, v) in [
+            (HEADER_MESSAGE_KEY, &self.message_key),
+            (HEADER_FORMAT, &self.format),
+            (HEADER_EVENT_TYPE, &self.event_type),
+        ] {
+            if !v.is_empty() {
+                headers.insert(ShortString::from(k), text(v));
+            }
         }
         // A per-message TTL from the producer would make the copy expire from
         // the dead-letter queue, which has nowhere to send it: dropped. So is the
@@ -105,6 +123,9 @@ impl DeadLetterInfo {
             queue: s(HEADER_QUEUE),
             first_failure: t(HEADER_FIRST_FAILURE),
             last_failure: t(HEADER_LAST_FAILURE),
+            message_key: s(HEADER_MESSAGE_KEY),
+            format: s(HEADER_FORMAT),
+            event_type: s(HEADER_EVENT_TYPE),
         })
     }
 }
@@ -145,6 +166,9 @@ fn broker_dead_lettered(headers: &FieldTable) -> Option<DeadLetterInfo> {
         queue,
         first_failure: when,
         last_failure: when,
+        message_key: String::new(),
+        format: String::new(),
+        event_type: String::new(),
     })
 }
 
@@ -172,6 +196,9 @@ mod tests {
             queue: "q".into(),
             first_failure: None,
             last_failure: Some(Utc::now()),
+            message_key: "~ce:ab".into(),
+            format: "cloudevents".into(),
+            event_type: "shop.order-placed.v1".into(),
         };
         let props = info.apply_to(&original);
         assert_eq!(props.message_id().as_ref().unwrap().as_str(), "m1");
@@ -191,5 +218,13 @@ mod tests {
         assert_eq!(back.attempts, 1);
         assert_eq!(back.queue, "q");
         assert_eq!(back.first_failure, back.last_failure);
+        assert_eq!(
+            (
+                back.message_key.as_str(),
+                back.format.as_str(),
+                back.event_type.as_str()
+            ),
+            ("~ce:ab", "cloudevents", "shop.order-placed.v1")
+        );
     }
 }

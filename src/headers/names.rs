@@ -34,6 +34,17 @@ pub const HEADER_QUEUE: &str = "x-warren-queue";
 pub const HEADER_FIRST_FAILURE: &str = "x-warren-first-failure";
 /// Header: when the message last failed (RFC 3339).
 pub const HEADER_LAST_FAILURE: &str = "x-warren-last-failure";
+/// Header: on a dead letter whose message was read, the id warren knew it by
+/// ([`Identity::key`](crate::format::Identity::key)): the inbox's, the
+/// journal's and the dead-letter store's, whatever the AMQP `message_id`.
+pub const HEADER_MESSAGE_KEY: &str = "x-warren-message-key";
+/// Header: on a dead letter whose message was read, the format it was read
+/// in (`warren`, `bare`, `cloudevents`, ...).
+pub const HEADER_FORMAT: &str = "x-warren-format";
+/// Header: on a dead letter whose message was read, its event type as read
+/// (a CloudEvent's `type`, a framework's mapped type), which the AMQP `type`
+/// property may not carry.
+pub const HEADER_EVENT_TYPE: &str = "x-warren-event-type";
 
 /// Header: when a strict-sequence gap started waiting (milliseconds since the
 /// epoch), on parked copies.

@@ -14,6 +14,7 @@ use crate::broker::{Delivery, Port};
 use crate::dead_letter::{DeadLetterInfo, letter_id, letter_id_of_content};
 use crate::disposition::{Applied, Disposition};
 use crate::failure::DeadLetterReason;
+use crate::format::Metadata;
 use crate::headers::HEADER_REPLAY_ID;
 use crate::headers::{
     self, Origin, dead_letter_copy, onward_copy, original_route, park_copy, retry_copy,
@@ -73,7 +74,13 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         let gated = f.gated.as_ref();
         let span = spans::settle(&f.admitted.span, settle_name(&f.disposition));
         let outcome = self
-            .carry_out(port, &f.admitted.delivery, f.disposition.clone(), gated)
+            .carry_out(
+                port,
+                &f.admitted.delivery,
+                f.meta.as_ref(),
+                f.disposition.clone(),
+                gated,
+            )
             .instrument(span)
             .await;
         if f.suspect
@@ -93,6 +100,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         &self,
         port: &dyn Port,
         delivery: &Delivery,
+        meta: Option<&Metadata>,
         disposition: Disposition,
         gated: Option<&GatedVersion>,
     ) -> Outcome {
@@ -127,9 +135,9 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                 attempts,
             } => {
                 let record = self
-                    .dead_letter_record(delivery, reason, &error, attempts)
+                    .dead_letter_record(delivery, meta, reason, &error, attempts)
                     .apply_to(&headers::copy_base(&delivery.properties, false));
-                let letter = self.letter_id(delivery);
+                let letter = self.letter_id(delivery, meta);
                 let copy = dead_letter_copy(record, origin(delivery), gated, &letter);
                 let properties = self.seal(port, copy);
                 let target = self.config.dead_letter_queue();
@@ -276,10 +284,12 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         }
     }
 
-    /// The failure record a dead-lettered copy carries.
+    /// The failure record a dead-lettered copy carries: with the message's
+    /// key, format and event type when it was read.
     fn dead_letter_record(
         &self,
         delivery: &Delivery,
+        meta: Option<&Metadata>,
         reason: DeadLetterReason,
         detail: &str,
         attempts: u32,
@@ -295,20 +305,25 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             queue: self.config.queue.clone(),
             first_failure: None,
             last_failure: Some(chrono::Utc::now()),
+            message_key: meta.map(|m| m.message_id.clone()).unwrap_or_default(),
+            format: meta.map(|m| m.format.to_owned()).unwrap_or_default(),
+            event_type: meta.map(|m| m.event_type.clone()).unwrap_or_default(),
         }
     }
 
-    /// The id of the dead letter `delivery` makes: from the consumer, its
-    /// message id and the replay that sent it (a signed header, so trusted
-    /// here), or from its content if it has no message id.
-    fn letter_id(&self, delivery: &Delivery) -> String {
+    /// The id of the dead letter `delivery` makes: from the consumer, the
+    /// id warren knows the message by (its key, if it was read; else its
+    /// AMQP `message_id`) and the replay that sent it (a signed header, so
+    /// trusted here), or from its content if it has neither.
+    fn letter_id(&self, delivery: &Delivery, meta: Option<&Metadata>) -> String {
         let replay = delivery
             .properties
             .headers()
             .as_ref()
             .and_then(|h| header_str(h, HEADER_REPLAY_ID))
             .unwrap_or_default();
-        match delivery.message_id() {
+        let id = meta.map_or(delivery.message_id(), |m| m.message_id.as_str());
+        match id {
             "" => letter_id_of_content(
                 &self.config.name,
                 &delivery.body,

@@ -56,6 +56,9 @@ fn print_one(l: &DeadLetter, show_payload: bool) {
     println!("type:       {}", printable(&l.event_type));
     println!("reason:     {}", printable(l.reason()));
     if let Some(i) = &l.info {
+        if !i.format.is_empty() {
+            println!("format:     {}", printable(&i.format));
+        }
         println!("attempts:   {}", i.attempts);
         println!("consumer:   {}", printable(&i.consumer));
         println!("queue:      {}", printable(&i.queue));
