@@ -100,8 +100,23 @@ async fn foreign_producers_are_each_applied_once<B: Backend>() {
     broker.publish(&own).await;
     broker.publish(&own).await;
 
-    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
     let unique = EACH as u64 * libraries.len() as u64 + 1;
+    consume_each_twice_apply_once(&db, &broker, config, unique).await;
+    assert_eq!(db.effects_for(&own.meta().message_id).await, 1);
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Consumes a queue holding `unique` messages, each twice: each applied
+/// once, the other copy a duplicate, nothing retried or dead-lettered.
+async fn consume_each_twice_apply_once<B: Backend>(
+    db: &crate::util::TestDb<B>,
+    broker: &TestBroker,
+    config: warren::ConsumerConfig,
+    unique: u64,
+) {
+    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
     assert!(
         running.settled(2 * unique, Duration::from_secs(120)).await,
         "not all deliveries settled: {:?}",
@@ -109,7 +124,6 @@ async fn foreign_producers_are_each_applied_once<B: Backend>() {
     );
     let stats = running.stats.snapshot();
     running.stop().await.unwrap();
-
     assert_eq!(stats.applied, unique, "{stats:?}");
     assert_eq!(stats.duplicates, unique, "{stats:?}");
     assert_eq!(stats.dead_lettered + stats.retried, 0, "{stats:?}");
@@ -120,11 +134,7 @@ async fn foreign_producers_are_each_applied_once<B: Backend>() {
     );
     assert_eq!(db.distinct_effects().await, unique as i64);
     assert_eq!(db.inbox(&broker.name).await, unique as i64);
-    assert_eq!(db.effects_for(&own.meta().message_id).await, 1);
     assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
-
-    broker.cleanup().await;
-    db.drop_db().await;
 }
 
 #[derive(Deserialize)]
@@ -225,21 +235,8 @@ async fn other_frameworks_messages_are_each_applied_once<B: Backend>() {
     for kind in kinds {
         produce(kind, &broker, "test.job", EACH);
     }
-    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
     let unique = EACH as u64 * kinds.len() as u64;
-    assert!(
-        running.settled(2 * unique, Duration::from_secs(120)).await,
-        "not all deliveries settled: {:?}",
-        running.stats.snapshot()
-    );
-    let stats = running.stats.snapshot();
-    running.stop().await.unwrap();
-    assert_eq!(stats.applied, unique, "{stats:?}");
-    assert_eq!(stats.duplicates, unique, "{stats:?}");
-    assert_eq!(stats.dead_lettered + stats.retried, 0, "{stats:?}");
-    assert_eq!(db.effects().await, unique as i64);
-    assert_eq!(db.distinct_effects().await, unique as i64);
-    assert_eq!(broker.ready(&broker.dead_letter_queue()).await, 0);
+    consume_each_twice_apply_once(&db, &broker, config, unique).await;
     broker.cleanup().await;
     db.drop_db().await;
 }
