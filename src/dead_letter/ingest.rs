@@ -503,10 +503,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         let info = DeadLetterInfo::from_properties(&trusted);
         // The id warren knew the message by, where it was read (a derived
         // key, a CloudEvent's); else the AMQP property. Likewise its type.
-        let read_as = |field: fn(&DeadLetterInfo) -> &String| {
-            info.as_ref().map(field).filter(|v| !v.is_empty()).cloned()
-        };
-        let message_id = read_as(|i| &i.message_key).unwrap_or_else(|| text(trusted.message_id()));
+        let (message_id, event_type) = super::record::id_and_type(info.as_ref(), &trusted);
         let (reason, error) = match &info {
             Some(i) => (i.reason.clone(), i.error.clone()),
             None => (
@@ -538,7 +535,6 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                 ),
                 id => letter_id(&consumer, id, &replay_id),
             });
-        let event_type = read_as(|i| &i.event_type).unwrap_or_else(|| text(trusted.kind()));
         let (body, payload) = redacted(&delivery.body, &self.redact);
         let body_truncated = body.len() > self.max_body;
         let body = if body_truncated {

@@ -52,22 +52,11 @@ pub struct DeadLetter {
 impl DeadLetter {
     fn from_delivery(d: &Delivery, pruned: Option<Pruned>) -> Self {
         let props = &d.properties;
-        let text = |v: &Option<lapin::types::ShortString>| {
-            v.as_ref().map(|s| s.to_string()).unwrap_or_default()
-        };
         let info = DeadLetterInfo::from_properties(props);
-        // As the consumer read it, where it did: a derived key or a
-        // CloudEvent's has no AMQP `message_id` to show.
-        let read_as = |field: fn(&DeadLetterInfo) -> &String, property: &Option<_>| {
-            info.as_ref()
-                .map(field)
-                .filter(|v| !v.is_empty())
-                .cloned()
-                .unwrap_or_else(|| text(property))
-        };
+        let (message_id, event_type) = super::record::id_and_type(info.as_ref(), props);
         Self {
-            message_id: read_as(|i| &i.message_key, props.message_id()),
-            event_type: read_as(|i| &i.event_type, props.kind()),
+            message_id,
+            event_type,
             info,
             body: d.data.clone(),
             properties: props.clone(),

@@ -130,6 +130,25 @@ impl DeadLetterInfo {
     }
 }
 
+/// A letter's message id and event type as its consumer read them (a
+/// derived key or a CloudEvent's has no AMQP `message_id` or `type` to
+/// show), else the AMQP `message_id` and `type` of `properties`.
+pub(crate) fn id_and_type(
+    info: Option<&DeadLetterInfo>,
+    properties: &BasicProperties,
+) -> (String, String) {
+    let read_as = |field: fn(&DeadLetterInfo) -> &String, property: &Option<ShortString>| {
+        info.map(field)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .unwrap_or_else(|| property.as_ref().map(|s| s.to_string()).unwrap_or_default())
+    };
+    (
+        read_as(|i| &i.message_key, properties.message_id()),
+        read_as(|i| &i.event_type, properties.kind()),
+    )
+}
+
 /// The record of a message the broker dead-lettered at the delivery limit.
 fn broker_dead_lettered(headers: &FieldTable) -> Option<DeadLetterInfo> {
     let AMQPValue::FieldArray(deaths) = headers.inner().get("x-death")? else {
