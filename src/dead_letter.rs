@@ -5,6 +5,7 @@ mod edit;
 mod fingerprint;
 mod identity;
 mod ingest;
+mod layout;
 mod queue;
 mod record;
 mod replay;

@@ -204,7 +204,7 @@ pub enum Identity {
 
 /// What the inbox, the journal and the dead-letter store key a derived key
 /// by: `~key:` and the key.
-const DERIVED_PREFIX: &str = "~key:";
+pub(crate) const DERIVED_PREFIX: &str = "~key:";
 /// What they key a CloudEvent by: `~ce:` and the SHA-256 of its source and
 /// id, each prefixed with its length.
 const CLOUDEVENT_PREFIX: &str = "~ce:";

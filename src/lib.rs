@@ -209,7 +209,7 @@ pub use error::Error;
 pub use failure::HandlerError;
 pub use handler::{Batch, BatchError, BatchResult};
 pub use message::{Message, State};
-pub use outgoing::Outgoing;
+pub use outgoing::{Outgoing, OutgoingFormat};
 pub use registry::Registry;
 pub use relay::Relay;
 pub use relay_config::RelayConfig;

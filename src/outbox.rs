@@ -5,8 +5,8 @@
 //! request's own transaction, say), call [`enqueue`] on the connection of your
 //! open transaction; the row commits or rolls back with it.
 
-pub use crate::outgoing::InvalidOutgoing;
 use crate::outgoing::Outgoing;
+pub use crate::outgoing::{InvalidOutgoing, WireFormat};
 pub use crate::relay::{RelayStats, RelayStatsHandle};
 pub use crate::relay_config::{
     DEFAULT_BATCH_DEADLINE, DEFAULT_BATCH_SIZE, DEFAULT_HOUSEKEEPING_INTERVAL,

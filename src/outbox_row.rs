@@ -11,9 +11,8 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
-use crate::envelope::CONTENT_TYPE_JSON;
 use crate::headers::HEADER_PUBLISHED_AT_MS;
-use crate::outgoing::{InvalidOutgoing, Outgoing};
+use crate::outgoing::{InvalidOutgoing, Outgoing, WireFormat};
 use crate::trace_context::TraceContext;
 
 /// The AMQP properties of an outbox row, as stored (JSON) in `warren_outbox.properties`.
@@ -26,9 +25,14 @@ pub struct StoredProperties {
     pub correlation_id: String,
     /// AMQP `timestamp`, seconds since the epoch.
     pub timestamp: u64,
-    /// String headers.
+    /// String headers: those the message was given and its format's (a
+    /// CloudEvent's `ce-` attributes).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// The format the row's body and headers were rendered in; a row
+    /// written before warren had formats has none: warren's envelope.
+    #[serde(default, skip_serializing_if = "WireFormat::is_warren")]
+    pub format: WireFormat,
 }
 
 impl StoredProperties {
@@ -39,7 +43,8 @@ impl StoredProperties {
             event_type: meta.event_type.clone(),
             correlation_id: meta.correlation_id.clone(),
             timestamp: message.occurred_at().timestamp().max(0) as u64,
-            headers: message.headers().clone(),
+            headers: message.wire_headers(),
+            format: message.format().wire(),
         }
     }
 
@@ -61,7 +66,7 @@ impl StoredProperties {
         Ok(BasicProperties::default()
             .with_message_id(short("message id", message_id)?)
             .with_type(short("event type", &self.event_type)?)
-            .with_content_type(CONTENT_TYPE_JSON.into())
+            .with_content_type(self.format.content_type().into())
             .with_correlation_id(short("correlation id", &self.correlation_id)?)
             .with_timestamp(self.timestamp)
             .with_delivery_mode(PERSISTENT)

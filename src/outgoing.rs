@@ -8,8 +8,11 @@ use serde_json::value::RawValue;
 
 use crate::amqp::{MAX_SHORT_STRING_LEN, PERSISTENT};
 use crate::envelope::{CONTENT_TYPE_JSON, MAX_MESSAGE_ID_LEN, Metadata};
-use crate::format::Identity;
-use crate::headers::{HEADER_BAGGAGE, HEADER_TRACEPARENT, HEADER_TRACESTATE};
+use crate::failure::DeadLetterReason as R;
+use crate::format::{CONTENT_TYPE_STRUCTURED, Identity};
+use crate::headers::{
+    HEADER_BAGGAGE, HEADER_SCHEMA_VERSION, HEADER_TRACEPARENT, HEADER_TRACESTATE,
+};
 use crate::trace_context::TraceContext;
 
 #[derive(Serialize)]
@@ -22,6 +25,151 @@ struct WireOut<'a> {
     correlation_id: &'a str,
     causation_id: Option<&'a str>,
     payload: &'a RawValue,
+}
+
+/// A structured CloudEvent as it is sent: the attributes and the data.
+#[derive(Serialize)]
+struct CloudEventOut<'a> {
+    specversion: &'static str,
+    id: &'a str,
+    source: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    time: String,
+    datacontenttype: &'static str,
+    correlationid: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    causationid: Option<&'a str>,
+    schemaversion: u32,
+    data: &'a RawValue,
+}
+
+/// The attributes a binary-mode CloudEvent's `ce-` headers carry from the
+/// message: a header of the same name set by hand would contradict them.
+const CLOUDEVENT_ATTRIBUTES: [&str; 9] = [
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "time",
+    "datacontenttype",
+    "correlationid",
+    "causationid",
+    "schemaversion",
+];
+
+/// How a message goes on the wire: what its body holds and which
+/// properties and headers carry the rest. Chosen per message, so per target:
+/// a downstream service reads warren's events with its own library. Every
+/// format carries the AMQP `message_id` (the message id), `type` (the event
+/// type), `correlation_id`, `timestamp` (occurred-at, whole seconds) and
+/// persistent delivery; what differs:
+///
+/// | format | body | content type | the rest |
+/// |---|---|---|---|
+/// | [`Warren`](Self::Warren) | warren's JSON envelope | `application/json` | in the envelope |
+/// | [`Bare`](Self::Bare) | the payload | `application/json` | header `schema-version` |
+/// | [`CloudEventsBinary`](Self::CloudEventsBinary) | the payload (`data`) | `application/json` (`datacontenttype`) | `ce-` string headers |
+/// | [`CloudEventsStructured`](Self::CloudEventsStructured) | the event: attributes and `data` | `application/cloudevents+json` | in the body |
+///
+/// A CloudEvent's `id` is the message id, `type` the event type, `time`
+/// occurred-at (RFC 3339, milliseconds), and its extension attributes
+/// `correlationid`, `causationid` (if any) and `schemaversion` carry the
+/// rest: warren's [`CloudEvents`](crate::format::CloudEvents) reader takes
+/// the first two as they are and the version with
+/// `version_from(VersionFrom::Header("schemaversion".into()))`, or from the
+/// type's `.vN` suffix by default.
+///
+/// ```
+/// use warren::{Outgoing, OutgoingFormat};
+/// let event = Outgoing::new("billing.invoice-paid.v1", 1, &serde_json::json!({"invoiceId": "inv_1"}))?
+///     .with_format(OutgoingFormat::cloud_events_binary("urn:acme:billing"));
+/// let props = event.properties();
+/// let headers = props.headers().as_ref().unwrap();
+/// assert!(headers.contains_key("ce-source"));
+/// assert_eq!(event.body(), br#"{"invoiceId":"inv_1"}"#);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutgoingFormat {
+    /// warren's JSON envelope (the default).
+    #[default]
+    Warren,
+    /// The payload alone, as most producers that are not a framework send:
+    /// the schema version in the `schema-version` header.
+    Bare,
+    /// CloudEvents 1.0 in binary mode over AMQP 0-9-1: the payload as the
+    /// body, the attributes as `ce-` string headers (Knative's RabbitMQ
+    /// binding, as the CloudEvents SDKs read it).
+    CloudEventsBinary {
+        /// The event's `source` attribute: who sends it, e.g. `urn:acme:billing`.
+        source: String,
+    },
+    /// CloudEvents 1.0 in structured mode: the event's JSON form as the body.
+    CloudEventsStructured {
+        /// The event's `source` attribute.
+        source: String,
+    },
+}
+
+impl OutgoingFormat {
+    /// CloudEvents binary mode, sent from `source`.
+    pub fn cloud_events_binary(source: impl Into<String>) -> Self {
+        Self::CloudEventsBinary {
+            source: source.into(),
+        }
+    }
+
+    /// CloudEvents structured mode, sent from `source`.
+    pub fn cloud_events_structured(source: impl Into<String>) -> Self {
+        Self::CloudEventsStructured {
+            source: source.into(),
+        }
+    }
+
+    /// How an outbox row stores the choice.
+    pub(crate) fn wire(&self) -> WireFormat {
+        match self {
+            Self::Warren => WireFormat::Warren,
+            Self::Bare => WireFormat::Bare,
+            Self::CloudEventsBinary { .. } => WireFormat::CloudEventsBinary,
+            Self::CloudEventsStructured { .. } => WireFormat::CloudEventsStructured,
+        }
+    }
+}
+
+/// The format an outbox row was rendered in, as its stored properties name
+/// it: what the relay needs to publish the row (its content type) and the
+/// kit to read it back. A row written before formats existed has none and is
+/// warren's envelope.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WireFormat {
+    /// warren's envelope.
+    #[default]
+    Warren,
+    /// A bare payload.
+    Bare,
+    /// A binary-mode CloudEvent.
+    CloudEventsBinary,
+    /// A structured-mode CloudEvent.
+    CloudEventsStructured,
+}
+
+impl WireFormat {
+    /// The AMQP content type it is sent with.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            WireFormat::CloudEventsStructured => CONTENT_TYPE_STRUCTURED,
+            _ => CONTENT_TYPE_JSON,
+        }
+    }
+
+    /// Whether this is warren's envelope (the stored default, left out).
+    pub(crate) fn is_warren(&self) -> bool {
+        *self == WireFormat::Warren
+    }
 }
 
 /// A message ready to publish: envelope body plus the AMQP properties that go with it.
@@ -52,6 +200,8 @@ pub struct Outgoing {
     /// The correlation id was given (or carried from a cause), not the
     /// message's own id by default.
     correlation_given: bool,
+    /// How it goes on the wire.
+    format: OutgoingFormat,
 }
 
 impl Outgoing {
@@ -78,6 +228,7 @@ impl Outgoing {
             headers: std::collections::BTreeMap::new(),
             trace: TraceContext::default(),
             correlation_given: false,
+            format: OutgoingFormat::Warren,
         })
     }
 
@@ -171,6 +322,55 @@ impl Outgoing {
         &self.headers
     }
 
+    /// Sets the format it is published in (warren's envelope by default):
+    /// the outbox renders it so at enqueue, and the row publishes so on every
+    /// attempt, with the same id.
+    pub fn with_format(mut self, format: OutgoingFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The format it is published in.
+    pub fn format(&self) -> &OutgoingFormat {
+        &self.format
+    }
+
+    /// The headers it is sent with: those set with
+    /// [`with_header`](Self::with_header), and its format's (a CloudEvent's
+    /// `ce-` attributes, a bare payload's `schema-version`).
+    pub fn wire_headers(&self) -> std::collections::BTreeMap<String, String> {
+        let mut headers = self.headers.clone();
+        let m = &self.meta;
+        match &self.format {
+            OutgoingFormat::Warren | OutgoingFormat::CloudEventsStructured { .. } => {}
+            OutgoingFormat::Bare => {
+                headers.insert(HEADER_SCHEMA_VERSION.into(), m.schema_version.to_string());
+            }
+            OutgoingFormat::CloudEventsBinary { source } => {
+                let mut attribute = |name: &str, value: String| {
+                    headers.insert(format!("ce-{name}"), value);
+                };
+                attribute("specversion", "1.0".into());
+                attribute("id", m.message_id.clone());
+                attribute("source", source.clone());
+                attribute("type", m.event_type.clone());
+                attribute("time", self.time());
+                attribute("correlationid", m.correlation_id.clone());
+                if let Some(causation) = &m.causation_id {
+                    attribute("causationid", causation.clone());
+                }
+                attribute("schemaversion", m.schema_version.to_string());
+            }
+        }
+        headers
+    }
+
+    /// Occurred-at as the envelope and a CloudEvent's `time` carry it.
+    fn time(&self) -> String {
+        self.occurred_at()
+            .to_rfc3339_opts(SecondsFormat::Millis, true)
+    }
+
     /// Sets when the business event happened.
     pub fn with_occurred_at(mut self, at: DateTime<Utc>) -> Self {
         self.meta.occurred_at = Some(at);
@@ -187,20 +387,39 @@ impl Outgoing {
         &self.meta
     }
 
-    /// The JSON body: the envelope with its payload.
+    /// The body in its format: warren's envelope with the payload, the
+    /// payload alone, or a structured CloudEvent.
     pub fn body(&self) -> Vec<u8> {
-        let wire = WireOut {
-            message_id: &self.meta.message_id,
-            event_type: &self.meta.event_type,
-            schema_version: self.meta.schema_version,
-            occurred_at_utc: self
-                .occurred_at()
-                .to_rfc3339_opts(SecondsFormat::Millis, true),
-            correlation_id: &self.meta.correlation_id,
-            causation_id: self.meta.causation_id.as_deref(),
-            payload: &self.payload,
+        let m = &self.meta;
+        let written = match &self.format {
+            OutgoingFormat::Warren => serde_json::to_vec(&WireOut {
+                message_id: &m.message_id,
+                event_type: &m.event_type,
+                schema_version: m.schema_version,
+                occurred_at_utc: self.time(),
+                correlation_id: &m.correlation_id,
+                causation_id: m.causation_id.as_deref(),
+                payload: &self.payload,
+            }),
+            OutgoingFormat::Bare | OutgoingFormat::CloudEventsBinary { .. } => {
+                return self.payload.get().as_bytes().to_vec();
+            }
+            OutgoingFormat::CloudEventsStructured { source } => {
+                serde_json::to_vec(&CloudEventOut {
+                    specversion: "1.0",
+                    id: &m.message_id,
+                    source,
+                    kind: &m.event_type,
+                    time: self.time(),
+                    datacontenttype: CONTENT_TYPE_JSON,
+                    correlationid: &m.correlation_id,
+                    causationid: m.causation_id.as_deref(),
+                    schemaversion: m.schema_version,
+                    data: &self.payload,
+                })
+            }
         };
-        serde_json::to_vec(&wire).expect("an envelope of strings and raw JSON always serializes")
+        written.expect("strings, numbers and raw JSON always serialize")
     }
 
     /// Checks that every envelope field fits where it travels: ids and event type
@@ -231,6 +450,32 @@ impl Outgoing {
                 ));
             }
         }
+        match &self.format {
+            OutgoingFormat::Warren => {}
+            OutgoingFormat::Bare => {
+                if self.headers.contains_key(HEADER_SCHEMA_VERSION) {
+                    return Err(format!(
+                        "header {HEADER_SCHEMA_VERSION:?} is the bare format's own; the schema version sets it"
+                    ));
+                }
+            }
+            OutgoingFormat::CloudEventsBinary { source }
+            | OutgoingFormat::CloudEventsStructured { source } => {
+                crate::format::check_id("CloudEvent source", source, R::InvalidCloudEvent)
+                    .map_err(|e| e.detail)?;
+                let binary = matches!(self.format, OutgoingFormat::CloudEventsBinary { .. });
+                if let Some(name) = self.headers.keys().find(|name| {
+                    binary
+                        && name.strip_prefix("ce-").is_some_and(|a| {
+                            CLOUDEVENT_ATTRIBUTES.contains(&a.to_ascii_lowercase().as_str())
+                        })
+                }) {
+                    return Err(format!(
+                        "header {name:?} is a CloudEvents attribute the format sets"
+                    ));
+                }
+            }
+        }
         for (field, value) in [
             ("message id", m.message_id.as_str()),
             ("event type", m.event_type.as_str()),
@@ -259,7 +504,7 @@ impl Outgoing {
     /// warren's publishers refuse such a message before it gets here.
     pub fn properties(&self) -> BasicProperties {
         let mut props = BasicProperties::default()
-            .with_content_type(CONTENT_TYPE_JSON.into())
+            .with_content_type(self.format.wire().content_type().into())
             .with_timestamp(self.occurred_at().timestamp().max(0) as u64)
             .with_delivery_mode(PERSISTENT);
         if let Ok(id) = ShortString::try_new(self.meta.message_id.as_str()) {
@@ -271,9 +516,10 @@ impl Outgoing {
         if let Ok(correlation) = ShortString::try_new(self.meta.correlation_id.as_str()) {
             props = props.with_correlation_id(correlation);
         }
-        if !self.headers.is_empty() {
+        let wire_headers = self.wire_headers();
+        if !wire_headers.is_empty() {
             let mut headers = lapin::types::FieldTable::default();
-            for (name, value) in &self.headers {
+            for (name, value) in &wire_headers {
                 if let Ok(name) = ShortString::try_new(name.as_str()) {
                     headers.insert(
                         name,
@@ -338,5 +584,96 @@ mod tests {
         );
         let m = new().with_message_id("m1").with_message_id("m2");
         assert_eq!(m.meta().correlation_id, "m2");
+    }
+
+    /// What each format sends, warren's readers take back: the same message
+    /// id (a CloudEvent's with its source), event type, version,
+    /// occurred-at, correlation and causation ids and payload.
+    #[test]
+    fn every_format_reads_back_as_it_was_written() {
+        use crate::format::{Bare, CloudEvents, Formats, Incoming, VersionFrom, WarrenEnvelope};
+        let formats = Formats::new()
+            .then(CloudEvents::new().version_from(VersionFrom::Header("schemaversion".into())))
+            .then(WarrenEnvelope)
+            .then(Bare::new().version_from(VersionFrom::Header(HEADER_SCHEMA_VERSION.into())));
+        let cause = new().with_correlation_id("flow-1");
+        for (format, read_as) in [
+            (OutgoingFormat::Warren, "warren"),
+            (OutgoingFormat::Bare, "bare"),
+            (OutgoingFormat::cloud_events_binary("urn:t"), "cloudevents"),
+            (
+                OutgoingFormat::cloud_events_structured("urn:t"),
+                "cloudevents",
+            ),
+        ] {
+            let m = Outgoing::new(
+                "shop.order-placed",
+                3,
+                &serde_json::json!({"sku": "é\u{1}"}),
+            )
+            .unwrap()
+            .caused_by(cause.meta())
+            .with_format(format.clone());
+            m.validate().unwrap();
+            let (props, body) = (m.properties(), m.body());
+            let read = formats
+                .read(&Incoming::new(&props, "rk", &body), 1 << 20)
+                .unwrap_or_else(|e| panic!("{format:?}: {e}"));
+            let identity = read.identity.clone().expect("an id");
+            let meta = read.meta(identity.clone());
+            let want = match &format {
+                OutgoingFormat::CloudEventsBinary { source }
+                | OutgoingFormat::CloudEventsStructured { source } => Identity::CloudEvent {
+                    source: source.clone(),
+                    id: m.meta().message_id.clone(),
+                },
+                _ => Identity::Given(m.meta().message_id.clone()),
+            };
+            assert_eq!(identity, want, "{format:?}");
+            assert_eq!(meta.format, read_as);
+            assert_eq!(
+                (meta.event_type.as_str(), meta.schema_version),
+                ("shop.order-placed", 3)
+            );
+            assert_eq!(meta.correlation_id, "flow-1");
+            // A bare payload has nowhere to carry one.
+            let causation = (read_as != "bare").then(|| cause.meta().message_id.clone());
+            assert_eq!(meta.causation_id, causation, "{format:?}");
+            assert_eq!(
+                meta.occurred_at.map(|t| t.timestamp()),
+                m.meta().occurred_at.map(|t| t.timestamp())
+            );
+            assert_eq!(read.payload.get(), r#"{"sku":"é\u0001"}"#, "{format:?}");
+        }
+    }
+
+    #[test]
+    fn a_format_refuses_what_would_contradict_it() {
+        let m = new().with_header("ce-id", "x");
+        assert!(
+            m.validate().is_ok(),
+            "warren's envelope sends ce- headers as any other"
+        );
+        let refused = m
+            .with_format(OutgoingFormat::cloud_events_binary("urn:t"))
+            .validate()
+            .unwrap_err();
+        assert!(refused.0.contains("ce-id"), "{refused}");
+        let extension = new()
+            .with_header("ce-tenant", "t-1")
+            .with_format(OutgoingFormat::cloud_events_binary("urn:t"));
+        assert_eq!(extension.wire_headers()["ce-tenant"], "t-1");
+        assert!(extension.validate().is_ok());
+        let refused = new()
+            .with_format(OutgoingFormat::cloud_events_structured(""))
+            .validate()
+            .unwrap_err();
+        assert!(refused.0.contains("source"), "{refused}");
+        let refused = new()
+            .with_header(HEADER_SCHEMA_VERSION, "9")
+            .with_format(OutgoingFormat::Bare)
+            .validate()
+            .unwrap_err();
+        assert!(refused.0.contains(HEADER_SCHEMA_VERSION), "{refused}");
     }
 }

@@ -474,10 +474,14 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
             Disposition::Forward { queue, .. } => format!("to {queue}"),
             Disposition::Ack(_) => String::new(),
         };
-        if let Some(entry) =
-            self.journal
-                .entry(&f.admitted.delivery, message_id, outcome.as_str(), &detail)
-        {
+        let identity = f.meta.as_ref().map(|m| &m.identity);
+        if let Some(entry) = self.journal.entry(
+            &f.admitted.delivery,
+            message_id,
+            identity,
+            outcome.as_str(),
+            &detail,
+        ) {
             self.journal.send(entry);
         }
     }

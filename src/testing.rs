@@ -559,7 +559,7 @@ impl<S: ConsumerStore + OutboxStore> TestConsumer<S> {
             for row in &taken {
                 let message = OutboxMessage::of(row).map_err(|e| {
                     StoreError::Config(format!(
-                        "outbox row {} is not a valid envelope: {}",
+                        "outbox row {} cannot be read in its format: {}",
                         row.id, e.detail
                     ))
                 })?;

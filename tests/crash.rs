@@ -310,6 +310,7 @@ on_all_backends!(
     crash_loop_on_quorum_queue_ends_as_poison,
     crash_loop_on_classic_queue_ends_as_poison,
     relay_crash_after_publish_before_mark_publishes_again_and_downstream_applies_once,
+    a_relay_crash_republishes_each_format_byte_for_byte_and_the_cloudevents_sdk_reads_one_id,
 );
 
 /// The relay publishes a row, the broker confirms, and the relay dies before
@@ -376,6 +377,179 @@ async fn relay_crash_after_publish_before_mark_publishes_again_and_downstream_ap
     downstream.stop().await.unwrap();
     assert_eq!((s.applied, s.duplicates), (1, 1), "{s:?}");
     assert_eq!(db.effects_for(&id).await, 1, "applied once downstream");
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// Outgoing formats across the same crash: a binary and a structured
+/// CloudEvent and a bare payload, published, the relay dead before marking
+/// them, published again by its successor. Each copy is its first byte for
+/// byte (bar the publish time); the CloudEvents SDK reads both CloudEvents
+/// with the same `source` and `id` in each copy; a downstream warren
+/// consumer reading the three formats applies each message once.
+async fn a_relay_crash_republishes_each_format_byte_for_byte_and_the_cloudevents_sdk_reads_one_id<
+    B: Backend,
+>() {
+    use warren::OutgoingFormat;
+    use warren::format::{Bare, CloudEvents, Formats, Identity, VersionFrom};
+    const SOURCE: &str = "urn:warren:test:relay";
+
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let cause = warren::Outgoing::new("test.cause", 1, &1).unwrap();
+    let event = |n: u32, format: OutgoingFormat| {
+        warren::Outgoing::new(crate::util::OUT_EVENT, 1, &serde_json::json!({ "n": n }))
+            .unwrap()
+            .caused_by(cause.meta())
+            .with_format(format)
+    };
+    let events = [
+        event(1, OutgoingFormat::cloud_events_binary(SOURCE)),
+        event(2, OutgoingFormat::cloud_events_structured(SOURCE)),
+        event(3, OutgoingFormat::Bare),
+    ];
+    let mut tx = B::pool(&db.store).begin().await.unwrap();
+    for e in &events {
+        warren::outbox::enqueue::<B>(&mut tx, &broker.exchange, "out.event", e)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    spawn_relay::<B>(&db.url, &broker, Some("relay-after-publish-before-mark=1"))
+        .wait_for_abort()
+        .await;
+    assert_eq!(db.store.outbox_status().await.unwrap().published, 0);
+    let restarted = spawn_relay::<B>(&db.url, &broker, None);
+    let store = db.store.clone();
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let store = store.clone();
+            async move { store.outbox_status().await.unwrap().published == 3 }
+        })
+        .await
+    );
+    restarted.terminate().await;
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            broker.ready(&capture).await == 6
+        })
+        .await,
+        "each row published twice"
+    );
+
+    // The SDK reads the CloudEvents; every copy goes back to the queue.
+    let read = crate::foreign::read_with_cloudevents_sdk(&capture, 6);
+    assert_eq!(read.len(), 6);
+    let bare: Vec<_> = read.iter().filter(|r| r["attributes"].is_null()).collect();
+    assert_eq!(
+        bare.len(),
+        2,
+        "the bare copies are no CloudEvents: {read:?}"
+    );
+    assert!(
+        bare.iter()
+            .all(|r| r["message_id"] == events[2].meta().message_id.as_str())
+    );
+    for (n, e) in events.iter().enumerate().take(2) {
+        let id = &e.meta().message_id;
+        let seen: Vec<_> = read
+            .iter()
+            .filter(|r| r["attributes"]["id"] == id.as_str())
+            .collect();
+        assert_eq!(
+            seen.len(),
+            2,
+            "both copies of event {n} read, same id: {read:?}"
+        );
+        for r in seen {
+            let a = &r["attributes"];
+            assert_eq!(a["source"], SOURCE);
+            assert_eq!(a["type"], crate::util::OUT_EVENT);
+            assert_eq!(a["specversion"], "1.0");
+            assert_eq!(a["datacontenttype"], "application/json");
+            assert_eq!(a["correlationid"], cause.meta().correlation_id.as_str());
+            assert_eq!(a["causationid"], cause.meta().message_id.as_str());
+            assert_eq!(r["data"], serde_json::json!({ "n": n + 1 }));
+            assert_eq!(r["message_id"], id.as_str());
+            let time = chrono::DateTime::parse_from_rfc3339(a["time"].as_str().unwrap()).unwrap();
+            assert_eq!(
+                time.timestamp_millis(),
+                e.meta().occurred_at.unwrap().timestamp_millis()
+            );
+        }
+    }
+
+    // Byte for byte: each copy's body and headers are its first's, except
+    // when it was published.
+    let taken = broker.drain(&capture).await;
+    assert_eq!(taken.len(), 6);
+    for e in &events {
+        let id = e.meta().message_id.as_str();
+        let same: Vec<_> = taken
+            .iter()
+            .filter(|d| d.properties.message_id().as_ref().map(|m| m.as_str()) == Some(id))
+            .collect();
+        assert_eq!(same.len(), 2, "{id}");
+        assert_eq!(same[0].data, same[1].data);
+        assert_eq!(same[0].data, e.body());
+        let headers = |d: &lapin::message::Delivery| {
+            let h = d.properties.headers().clone().unwrap_or_default();
+            h.inner()
+                .iter()
+                .filter(|(name, _)| name.as_str() != warren::headers::HEADER_PUBLISHED_AT_MS)
+                .map(|(name, value)| (name.to_string(), value.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(headers(same[0]), headers(same[1]));
+        assert_eq!(
+            same[0].properties.content_type(),
+            same[1].properties.content_type()
+        );
+    }
+    for d in &taken {
+        broker
+            .publisher
+            .publish_raw("", &capture, &d.data, d.properties.clone())
+            .await
+            .unwrap();
+    }
+
+    let downstream = test_config(
+        &format!("{}-downstream", broker.name),
+        &capture,
+        &broker.exchange,
+    )
+    .with_formats(
+        Formats::new()
+            .then(CloudEvents::new().version_from(VersionFrom::Header("schemaversion".into())))
+            .then(Bare::new().version_from(VersionFrom::Header(
+                warren::headers::HEADER_SCHEMA_VERSION.into(),
+            ))),
+    )
+    .build()
+    .unwrap();
+    let downstream = Running::start(Consumer::new(downstream, db.store.clone(), routes::<B>()));
+    assert!(downstream.settled(6, Duration::from_secs(30)).await);
+    let s = downstream.stats.snapshot();
+    downstream.stop().await.unwrap();
+    assert_eq!(
+        (s.applied, s.duplicates, s.dead_lettered),
+        (3, 3, 0),
+        "{s:?}"
+    );
+    for e in &events[..2] {
+        let key = Identity::CloudEvent {
+            source: SOURCE.into(),
+            id: e.meta().message_id.clone(),
+        }
+        .key();
+        assert_eq!(db.effects_for(&key).await, 1);
+    }
+    assert_eq!(db.effects_for(&events[2].meta().message_id).await, 1);
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -863,7 +863,7 @@ async fn an_edit_is_checked_kept_beside_the_original_audited_and_replayed<B: Bac
     let ana = Actor::new("ana");
 
     let fixed =
-        set_payload_fields(&original.body, &[("mode.kind".to_owned(), "ok".to_owned())]).unwrap();
+        set_payload_fields(&original, &[("mode.kind".to_owned(), "ok".to_owned())]).unwrap();
     let other_id = String::from_utf8(fixed.clone())
         .unwrap()
         .replace(&id, "someone-else");

@@ -66,6 +66,28 @@ fn produce(library: &str, broker: &TestBroker, routing_key: &str, count: u32) {
     );
 }
 
+/// Reads `count` messages of `queue` with the CloudEvents SDK (pika, then
+/// the SDK's RabbitMQ binding), leaving them in the queue: per event, its
+/// `attributes`, its `data` and the AMQP `message_id` it came with.
+pub(crate) fn read_with_cloudevents_sdk(queue: &str, count: usize) -> Vec<serde_json::Value> {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop");
+    let output = Command::new(interop_dir().join("venv/bin/python"))
+        .arg(here.join("consume.py"))
+        .args([&amqp_url(), queue, &count.to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("consume.py: cannot run: {e}"));
+    assert!(
+        output.status.success(),
+        "the CloudEvents SDK refused warren's events: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("consume.py prints JSON lines"))
+        .collect()
+}
+
 /// CloudEvents first, then warren's envelope, then any other JSON body; the
 /// test routes' event type (`test.job`) has no `.vN` suffix, so the
 /// version is fixed.
@@ -331,12 +353,25 @@ async fn refuse_paid<B: Backend>(_: Message<Paid>, _: &mut Tx<B>) -> Result<(), 
 /// the format and the event type warren read (signed), and the dead-letter
 /// store files it under that key, found by it; replayed, it is the message
 /// its producer sent.
+/// The stored letters of the message warren knew by `key`.
+async fn letters_keyed<B: Backend>(
+    db: &crate::util::TestDb<B>,
+    key: &str,
+) -> Vec<warren::store::StoredDeadLetter> {
+    use warren::store::{DeadLetterStore, LetterFilter};
+    let by_key = LetterFilter {
+        message_id: Some(key.to_owned()),
+        ..LetterFilter::default()
+    };
+    db.store.dead_letters(&by_key, None, 10).await.unwrap()
+}
+
 async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() {
     use warren::admin::Ingester;
     use warren::format::Identity;
     use warren::lapin::BasicProperties;
     use warren::lapin::types::{AMQPValue, FieldTable, LongString};
-    use warren::store::{DeadLetterStore, LetterFilter};
+    use warren::store::{DeadLetterStore, Journal, LetterFilter};
 
     let db = B::create().await;
     let broker = TestBroker::new().await;
@@ -361,7 +396,10 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
     }
     let json = || BasicProperties::default().with_content_type("application/json".into());
     broker
-        .publish_raw(br#"{"orderId":"o-1"}"#, json().with_headers(ce))
+        .publish_raw(
+            br#"{"orderId":"o-1","card":{"number":"4111"}}"#,
+            json().with_headers(ce),
+        )
         .await;
     broker
         .publish_raw(
@@ -384,7 +422,7 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
     let paid_key = Identity::Derived("inv_9:paid".into()).key();
     let ingesting = {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let ingester = Ingester::new(db.store.clone(), &config);
+        let ingester = Ingester::new(db.store.clone(), &config).redacting(["card.number"]);
         let handle = tokio::spawn(async move {
             ingester
                 .run(&amqp_url(), async {
@@ -412,11 +450,7 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
         ),
         (&paid_key, "test.paid", "permanent-failure", "bare"),
     ] {
-        let by_key = LetterFilter {
-            message_id: Some(key.clone()),
-            ..LetterFilter::default()
-        };
-        let found = db.store.dead_letters(&by_key, None, 10).await.unwrap();
+        let found = letters_keyed(&db, key).await;
         assert_eq!(found.len(), 1, "{key}: {found:?}");
         let letter = &found[0];
         assert_eq!(letter.event_type, event_type);
@@ -439,8 +473,129 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
             properties["message_id"].is_null(),
             "the copy gained no message_id its original lacked: {properties}"
         );
+        // The journal keeps who the message is, verbatim, beside its key.
+        let journal = db
+            .store
+            .journal_of_message(config.name(), key, 10)
+            .await
+            .unwrap();
+        let dead = journal
+            .iter()
+            .find(|e| e.outcome == "dead-lettered")
+            .unwrap_or_else(|| panic!("{key}: {journal:?}"));
+        let who = if format == "cloudevents" {
+            format!("CloudEvent \"order-1\" from {source:?}; ")
+        } else {
+            "derived key \"inv_9:paid\"; ".to_owned()
+        };
+        assert!(dead.detail.starts_with(&who), "{:?}", dead.detail);
     }
+
+    // Redaction finds a binary CloudEvent's payload in its body.
+    let event_letter = letters_keyed(&db, &event_key).await.remove(0);
+    let record = db
+        .store
+        .dead_letter(&event_letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&record.body).unwrap();
+    assert_eq!(body["card"]["number"], warren::admin::REDACTED);
+    assert_eq!(body["orderId"], "o-1");
+
+    // An operator's edit of it sets the field where the format keeps the
+    // payload, and is the same CloudEvent; a letter whose key its route
+    // derives from the payload is not edited.
+    let ana = warren::store::Actor::new("ana");
+    let fixed =
+        warren::admin::set_payload_fields(&record, &[("orderId".into(), "o-2".into())]).unwrap();
+    warren::admin::edit_letter(&db.store, &event_letter.letter_id, &fixed, "typo", &ana)
+        .await
+        .unwrap();
+    let edited = db
+        .store
+        .dead_letter(&event_letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(edited.body_to_send()).unwrap();
+    assert_eq!(body["orderId"], "o-2");
+    let refused =
+        warren::admin::edit_letter(&db.store, &event_letter.letter_id, b"[1,", "bad", &ana)
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(
+        refused.starts_with("the edit is not a valid cloudevents message: not JSON"),
+        "{refused}"
+    );
+    let paid_letter = letters_keyed(&db, &paid_key).await.remove(0);
+    let refused = warren::admin::edit_letter(
+        &db.store,
+        &paid_letter.letter_id,
+        br#"{"invoiceId":"inv_10"}"#,
+        "why",
+        &ana,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, warren::admin::EditError::DerivedKey(_)),
+        "{refused}"
+    );
 
     broker.cleanup().await;
     db.drop_db().await;
+}
+
+/// `Publisher` sends warren's events as CloudEvents in both modes, and the
+/// CloudEvents SDK, reading them as its documentation shows, takes each
+/// attribute and the data as warren meant them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cloudevents_sdk_reads_what_warren_publishes_in_both_modes() {
+    use warren::{Outgoing, OutgoingFormat};
+    const SOURCE: &str = "urn:warren:test:publisher";
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let capture = broker.capture().await;
+    let sent: Vec<_> = [
+        OutgoingFormat::cloud_events_binary(SOURCE),
+        OutgoingFormat::cloud_events_structured(SOURCE),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(n, format)| {
+        Outgoing::new("billing.invoice-paid.v1", 1, &serde_json::json!({ "n": n }))
+            .unwrap()
+            .with_correlation_id("order-7")
+            .with_format(format)
+    })
+    .collect();
+    for message in &sent {
+        broker
+            .publisher
+            .publish(&broker.exchange, "out.event", message)
+            .await
+            .unwrap();
+    }
+    let read = read_with_cloudevents_sdk(&capture, sent.len());
+    for (n, message) in sent.iter().enumerate() {
+        let r = &read[n];
+        let a = &r["attributes"];
+        assert_eq!(a["id"], message.meta().message_id.as_str(), "{r}");
+        assert_eq!(a["source"], SOURCE);
+        assert_eq!(a["type"], "billing.invoice-paid.v1");
+        assert_eq!(a["correlationid"], "order-7");
+        assert_eq!(
+            a["schemaversion"],
+            if n == 0 {
+                "1".into()
+            } else {
+                serde_json::json!(1)
+            }
+        );
+        assert!(a.get("causationid").is_none(), "{r}");
+        assert_eq!(r["data"], serde_json::json!({ "n": n }));
+    }
+    broker.cleanup().await;
 }

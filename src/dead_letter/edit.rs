@@ -1,11 +1,12 @@
 //! Editing a stored letter before it is replayed: the edit must still be the
-//! same message (an envelope, with the same message id, so that the inbox
-//! still protects its effect), the original is kept beside it, and who
+//! same message (in the format it came in, with the same id, so that the
+//! inbox still protects its effect), the original is kept beside it, and who
 //! edited it and why goes to the audit table.
 
+use super::layout::Layout;
 use crate::envelope::{Envelope, Incoming};
 use crate::failure::DeadLetterReason;
-use crate::store::{Actor, DeadLetterStore, StoreError};
+use crate::store::{Actor, DeadLetterRecord, DeadLetterStore, StoreError};
 
 /// Why an edit was refused.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +36,23 @@ pub enum EditError {
         /// What is wrong.
         detail: String,
     },
+    /// The edit of a letter in another format is no longer one of it.
+    #[error("the edit is not a valid {format} message: {detail}")]
+    NotReadable {
+        /// The letter's format.
+        format: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The letter's id was derived from its payload by its route: an edit
+    /// could change it, and nothing here can recompute it.
+    #[error(
+        "letter {0} is keyed by a key its route derives from the payload; an edit could change the key, so it is not edited"
+    )]
+    DerivedKey(String),
+    /// The letter was read in an application's own format.
+    #[error("{0}")]
+    UnknownFormat(String),
     /// The edit changes the message id.
     #[error("the edit changes the message id; the inbox would no longer recognize it ({0})")]
     MessageIdChanged(String),
@@ -70,32 +88,40 @@ pub async fn edit_letter<S: DeadLetterStore>(
     if message_id.is_empty() {
         return Err(EditError::NoMessageId(letter_id.to_owned()));
     }
-    let envelope = Envelope::parse(
-        Incoming {
-            message_id: Some(message_id),
-            content_type: Some("application/json"),
-            ..Incoming::body_only(body)
-        },
-        usize::MAX,
-    )
-    .map_err(|e| match e.reason {
-        DeadLetterReason::MessageIdMismatch => EditError::MessageIdChanged(e.detail),
-        reason => EditError::NotAnEnvelope {
-            reason: reason.as_str(),
-            detail: e.detail,
-        },
-    })?;
+    let layout = Layout::of_record(&record).map_err(EditError::UnknownFormat)?;
     let before: serde_json::Value =
         serde_json::from_slice(record.body_to_send()).unwrap_or_default();
-    let after: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let (after, event_type) = if layout.format == "warren" {
+        let envelope = Envelope::parse(
+            Incoming {
+                message_id: Some(message_id),
+                content_type: Some("application/json"),
+                ..Incoming::body_only(body)
+            },
+            usize::MAX,
+        )
+        .map_err(|e| match e.reason {
+            DeadLetterReason::MessageIdMismatch => EditError::MessageIdChanged(e.detail),
+            reason => EditError::NotAnEnvelope {
+                reason: reason.as_str(),
+                detail: e.detail,
+            },
+        })?;
+        let after: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let m = envelope.meta;
+        (after, format!("{} v{}", m.event_type, m.schema_version))
+    } else {
+        (
+            checked_edit(&layout, message_id, letter_id, &before, body)?,
+            record.letter.event_type.clone(),
+        )
+    };
     if before == after {
         return Err(EditError::Unchanged);
     }
     let changed = changed_fields(&before, &after, "");
     let detail = format!(
-        "{} v{}: changed {}",
-        envelope.meta.event_type,
-        envelope.meta.schema_version,
+        "{event_type}: changed {}",
         if changed.is_empty() {
             "formatting only".to_owned()
         } else {
@@ -112,15 +138,64 @@ pub async fn edit_letter<S: DeadLetterStore>(
     }
 }
 
-/// Sets each `path=value` in the envelope's payload (a dotted path; the
-/// value read as JSON where it parses, else as a string), and returns the
-/// new body.
-pub fn set_payload_fields(body: &[u8], sets: &[(String, String)]) -> Result<Vec<u8>, String> {
+/// Checks the edit of a letter in a format other than warren's envelope:
+/// JSON, its payload where the format keeps it, the members that say who
+/// it is unchanged. Returns the edit, parsed.
+fn checked_edit(
+    layout: &Layout,
+    message_id: &str,
+    letter_id: &str,
+    before: &serde_json::Value,
+    body: &[u8],
+) -> Result<serde_json::Value, EditError> {
+    if message_id.starts_with(crate::format::DERIVED_PREFIX) {
+        return Err(EditError::DerivedKey(letter_id.to_owned()));
+    }
+    let format = layout.format;
+    let mut after: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| EditError::NotReadable {
+            format,
+            detail: format!("not JSON: {e}"),
+        })?;
+    if layout.payload_mut(&mut after).is_none() {
+        return Err(EditError::NotReadable {
+            format,
+            detail: format!("it has no {:?} member", layout.payload_path()),
+        });
+    }
+    for member in layout.identity {
+        if before.get(member) != after.get(member) {
+            return Err(EditError::MessageIdChanged(format!(
+                "{member} was {}, is {}",
+                before.get(member).unwrap_or(&serde_json::Value::Null),
+                after.get(member).unwrap_or(&serde_json::Value::Null),
+            )));
+        }
+    }
+    Ok(after)
+}
+
+/// Sets each `path=value` in the payload of `record`'s body (the edited
+/// one if it has one), wherever its format keeps the payload (a dotted
+/// path; the value read as JSON where it parses, else as a string), and
+/// returns the new body.
+pub fn set_payload_fields(
+    record: &DeadLetterRecord,
+    sets: &[(String, String)],
+) -> Result<Vec<u8>, String> {
+    let layout = Layout::of_record(record)?;
+    set_fields(record.body_to_send(), layout, sets)
+}
+
+fn set_fields(body: &[u8], layout: Layout, sets: &[(String, String)]) -> Result<Vec<u8>, String> {
     let mut envelope: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("the letter's body is not JSON: {e}"))?;
-    let payload = envelope
-        .get_mut("payload")
-        .ok_or("the letter's body has no payload")?;
+    let payload = layout.payload_mut(&mut envelope).ok_or_else(|| {
+        format!(
+            "the letter's body has no {:?} member",
+            layout.payload_path()
+        )
+    })?;
     for (path, value) in sets {
         let value = serde_json::from_str(value)
             .unwrap_or_else(|_| serde_json::Value::String(value.clone()));
@@ -179,7 +254,8 @@ mod tests {
             ("card.exp".to_owned(), "12/30".to_owned()),
             ("note".to_owned(), "hi".to_owned()),
         ];
-        let edited = set_payload_fields(body, &sets).unwrap();
+        let warren = Layout::of("warren", None).unwrap();
+        let edited = set_fields(body, warren, &sets).unwrap();
         let a: serde_json::Value = serde_json::from_slice(body).unwrap();
         let b: serde_json::Value = serde_json::from_slice(&edited).unwrap();
         assert_eq!(b["payload"]["amount"], 12.5);
@@ -189,6 +265,13 @@ mod tests {
             changed_fields(&a, &b, ""),
             ["payload.amount", "payload.card.exp", "payload.note"]
         );
-        assert!(set_payload_fields(b"nope", &sets).is_err());
+        assert!(set_fields(b"nope", warren, &sets).is_err());
+        let bare =
+            set_fields(br#"{"amount":1}"#, Layout::of("bare", None).unwrap(), &sets).unwrap();
+        let bare: serde_json::Value = serde_json::from_slice(&bare).unwrap();
+        assert_eq!(
+            (bare["amount"].clone(), bare["card"]["exp"].clone()),
+            (12.5.into(), "12/30".into())
+        );
     }
 }

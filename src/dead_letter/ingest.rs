@@ -535,7 +535,12 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                 ),
                 id => letter_id(&consumer, id, &replay_id),
             });
-        let (body, payload) = redacted(&delivery.body, &self.redact);
+        let layout = super::layout::Layout::of(
+            info.as_ref().map_or("", |i| i.format.as_str()),
+            trusted.content_type().as_ref().map(|c| c.as_str()),
+        );
+        let (body, payload) =
+            redacted(&delivery.body, &self.redact, layout.and_then(|l| l.payload));
         let body_truncated = body.len() > self.max_body;
         let body = if body_truncated {
             body[..self.max_body].to_vec()
@@ -623,14 +628,21 @@ fn properties_json(properties: &BasicProperties) -> String {
     serde_json::to_string(properties).unwrap_or_else(|_| "{}".to_owned())
 }
 
-/// The body with each of `fields` of its envelope's payload replaced by
-/// [`REDACTED`], and the payload (so redacted) as JSON for search. A body
-/// that is not an envelope is stored as it is, with no payload.
-fn redacted(body: &[u8], fields: &[String]) -> (Vec<u8>, Option<String>) {
+/// The body with each of `fields` of its payload replaced by [`REDACTED`],
+/// and the payload (so redacted) as JSON for search. The payload is the
+/// body's member `member` (warren's envelope's `payload`, a structured
+/// CloudEvent's `data`...), or the body itself (a bare payload, a binary
+/// CloudEvent, a format warren does not ship). A body that is not JSON, or
+/// lacks the member, is stored as it is, with no payload.
+fn redacted(body: &[u8], fields: &[String], member: Option<&str>) -> (Vec<u8>, Option<String>) {
     let Ok(mut envelope) = serde_json::from_slice::<serde_json::Value>(body) else {
         return (body.to_vec(), None);
     };
-    let Some(payload) = envelope.get_mut("payload") else {
+    let payload = match member {
+        Some(member) => envelope.get_mut(member),
+        None => Some(&mut envelope),
+    };
+    let Some(payload) = payload else {
         return (body.to_vec(), None);
     };
     let mut changed = false;
@@ -673,7 +685,7 @@ mod tests {
             "card.number".to_owned(),
             "missing.path".to_owned(),
         ];
-        let (stored, payload) = redacted(body.as_bytes(), &fields);
+        let (stored, payload) = redacted(body.as_bytes(), &fields, Some("payload"));
         let stored: serde_json::Value = serde_json::from_slice(&stored).unwrap();
         assert_eq!(stored["payload"]["iban"], REDACTED);
         assert_eq!(stored["payload"]["card"]["number"], REDACTED);
@@ -682,7 +694,20 @@ mod tests {
         let payload: serde_json::Value = serde_json::from_str(&payload.unwrap()).unwrap();
         assert_eq!(payload["customerId"], "cus_1");
         assert_eq!(payload["iban"], REDACTED);
-        let (raw, none) = redacted(b"not json", &fields);
+        let (raw, none) = redacted(b"not json", &fields, Some("payload"));
         assert_eq!((raw.as_slice(), none), (&b"not json"[..], None));
+        // A bare payload, a binary CloudEvent: the body is the payload.
+        let bare = br#"{"iban":"DE00","amount":5}"#;
+        let (stored, payload) = redacted(bare, &fields, None);
+        let stored: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(stored["iban"], REDACTED);
+        assert_eq!(stored["amount"], 5);
+        assert_eq!(payload.unwrap(), stored.to_string());
+        // A structured CloudEvent: its data.
+        let event = br#"{"id":"1","source":"/s","data":{"iban":"DE00"}}"#;
+        let (stored, _) = redacted(event, &fields, Some("data"));
+        let stored: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(stored["data"]["iban"], REDACTED);
+        assert_eq!(stored["id"], "1");
     }
 }

@@ -59,6 +59,11 @@ pub const HEADER_VERSION: &str = "x-warren-version";
 /// header a partitioned consumer hashes on unless configured otherwise).
 pub const HEADER_PARTITION_KEY: &str = "partition-key";
 
+/// Header: a bare payload's schema version, as warren publishes one
+/// ([`OutgoingFormat::Bare`](crate::OutgoingFormat::Bare)); read it with
+/// [`VersionFrom::Header`](crate::format::VersionFrom::Header).
+pub const HEADER_SCHEMA_VERSION: &str = "schema-version";
+
 /// Header: warren's signature over its own `x-warren-*` headers and the message id.
 pub const HEADER_SIGNATURE: &str = "x-warren-signature";
 /// Header: a table of the `x-warren-*` headers a delivery carried without a

@@ -631,8 +631,13 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
                 {
                     return None;
                 }
-                self.journal
-                    .entry(delivery, &this.meta.message_id, outcome, "")
+                self.journal.entry(
+                    delivery,
+                    &this.meta.message_id,
+                    Some(&this.meta.identity),
+                    outcome,
+                    "",
+                )
             })
             .collect()
     }

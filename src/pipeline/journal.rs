@@ -4,6 +4,7 @@
 //! path. Its writes never hold a delivery up: a full queue or a failed write
 //! drops entries and counts them (`consumer_journal_dropped_total`).
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::header_str;
 use crate::broker::Delivery;
 use crate::config::JournalMode;
+use crate::format::Identity;
 use crate::headers::HEADER_REPLAY_ID;
 use crate::store::{Journal, JournalEntry};
 
@@ -50,11 +52,16 @@ impl JournalSink {
         self.mode == JournalMode::Everything
     }
 
-    /// The entry for `outcome` of `delivery`, if the mode journals it.
+    /// The entry for `outcome` of `delivery`, if the mode journals it. A
+    /// message whose id is not its producer's own (a CloudEvent, keyed by a
+    /// hash of its `source` and `id`; a derived key) has who it is, verbatim,
+    /// at the head of the detail: the journal's message id alone would not
+    /// say.
     pub(crate) fn entry(
         &self,
         delivery: &Delivery,
         message_id: &str,
+        identity: Option<&Identity>,
         outcome: &str,
         detail: &str,
     ) -> Option<JournalEntry> {
@@ -62,12 +69,17 @@ impl JournalSink {
         if replay_id.is_empty() && self.mode == JournalMode::ReplaysOnly {
             return None;
         }
+        let detail = match identity {
+            None | Some(Identity::Given(_)) => Cow::Borrowed(detail),
+            Some(who) if detail.is_empty() => Cow::Owned(who.to_string()),
+            Some(who) => Cow::Owned(format!("{who}; {detail}")),
+        };
         Some(JournalEntry {
             consumer: self.consumer.clone(),
             message_id: message_id.to_owned(),
             replay_id,
             outcome: outcome.to_owned(),
-            detail: crate::amqp::truncate(detail, 2048).to_owned(),
+            detail: crate::amqp::truncate(&detail, 2048).to_owned(),
             at: Utc::now(),
         })
     }

@@ -3,8 +3,13 @@
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
-use crate::envelope::{CONTENT_TYPE_JSON, Envelope, Incoming, InvalidMessage, Metadata};
+use std::sync::LazyLock;
+
+use crate::envelope::{Incoming, InvalidMessage, Metadata};
+use crate::format::{Bare, CloudEvents, Formats, VersionFrom, WarrenEnvelope};
+use crate::headers::HEADER_SCHEMA_VERSION;
 use crate::outbox_row::OutboxRow;
+use crate::outgoing::WireFormat;
 
 /// An event a handler wrote to the outbox, as the relay would publish it.
 #[derive(Debug, Clone)]
@@ -13,7 +18,11 @@ pub struct OutboxMessage {
     pub exchange: String,
     /// Its routing key.
     pub routing_key: String,
-    /// Its envelope: message id, event type, correlation and causation ids.
+    /// What a warren consumer reads from it, in whatever format it was
+    /// written: message id, event type, correlation and causation ids, and
+    /// the format (`meta.format`). A CloudEvent's `meta.message_id` is then
+    /// its inbox key (`~ce:` and a hash); `meta.identity` holds its `source`
+    /// and `id`.
     pub meta: Metadata,
     payload: Box<RawValue>,
 }
@@ -30,19 +39,40 @@ impl OutboxMessage {
     }
 
     pub(super) fn of(row: &OutboxRow) -> Result<Self, InvalidMessage> {
-        let envelope = Envelope::parse(
-            Incoming {
-                message_id: Some(&row.message_id),
-                content_type: Some(CONTENT_TYPE_JSON),
-                ..Incoming::body_only(&row.body)
-            },
+        // Each format as warren writes it: the version where it puts it.
+        static WARREN: LazyLock<Formats> = LazyLock::new(|| Formats::new().then(WarrenEnvelope));
+        static BARE: LazyLock<Formats> = LazyLock::new(|| {
+            Formats::new()
+                .then(Bare::new().version_from(VersionFrom::Header(HEADER_SCHEMA_VERSION.into())))
+        });
+        static CLOUDEVENTS: LazyLock<Formats> = LazyLock::new(|| {
+            Formats::new()
+                .then(CloudEvents::new().version_from(VersionFrom::Header("schemaversion".into())))
+        });
+        let formats = match row.properties.format {
+            WireFormat::Warren => &WARREN,
+            WireFormat::Bare => &BARE,
+            WireFormat::CloudEventsBinary | WireFormat::CloudEventsStructured => &CLOUDEVENTS,
+        };
+        let properties = row.properties.to_amqp(&row.message_id).map_err(|e| {
+            InvalidMessage::new(
+                crate::failure::DeadLetterReason::InvalidEnvelope,
+                e.to_string(),
+            )
+        })?;
+        let read = formats.read(
+            &Incoming::new(&properties, &row.routing_key, &row.body),
             usize::MAX,
         )?;
+        let identity = read
+            .identity
+            .clone()
+            .expect("warren writes every message with an id");
         Ok(Self {
             exchange: row.exchange.clone(),
             routing_key: row.routing_key.clone(),
-            payload: envelope.payload().to_owned(),
-            meta: envelope.meta,
+            meta: read.meta(identity),
+            payload: read.payload,
         })
     }
 }

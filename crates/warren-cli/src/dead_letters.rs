@@ -126,7 +126,7 @@ where
             let body = if sets.is_empty() {
                 edit_in_editor(record.body_to_send())?
             } else {
-                set_payload_fields(record.body_to_send(), &sets).map_err(CliError::Failed)?
+                set_payload_fields(&record, &sets).map_err(CliError::Failed)?
             };
             edit_letter(store, &letter, &body, &reason, &actor)
                 .await

@@ -348,7 +348,7 @@ async fn perform<S: ConsoleStore>(
         "edit-replay" => {
             let record = record_of(app, &form.letter).await?;
             let body = set_payload_fields(
-                record.body_to_send(),
+                &record,
                 &[(form.field.trim().to_owned(), form.value.clone())],
             )
             .map_err(refusal)?;

@@ -29,6 +29,7 @@
 
 mod counts;
 mod dbs;
+mod formats;
 mod probe;
 mod profile;
 mod scale;
@@ -118,6 +119,9 @@ impl Goals {
 }
 
 const RSS_GOAL_MIB: f64 = 100.0;
+
+/// Messages a drain of row 8 at most: it drains twenty times.
+const FORMAT_MESSAGES: usize = 5000;
 
 /// Messages a transaction of row 7, the database floor.
 const FLOOR_BATCH: usize = 32;
@@ -475,6 +479,16 @@ async fn on_database<B: BenchDb>(
         }
     }
 
+    let mut by_format = None;
+    if spec.runs(8) {
+        let n8 = n.min(FORMAT_MESSAGES);
+        println!(
+            "{}: row 8, each format billing reads against warren's envelope, {n8} messages a drain",
+            B::LABEL
+        );
+        by_format = Some(formats::row8::<B>(env, &store, &queue, n8).await?);
+    }
+
     let mut relayed = None;
     if spec.runs(5) {
         let ((relay, relay_cpu), (bare_publish, bare_cpu)) =
@@ -681,6 +695,9 @@ async fn on_database<B: BenchDb>(
                 met(rss < RSS_GOAL_MIB)
             );
         }
+    }
+    if let Some(costs) = &by_format {
+        formats::print(B::LABEL, costs);
     }
     print_budgets::<B>(
         bare_cpu,
@@ -949,7 +966,15 @@ async fn one_insert_run<B: BenchDb>(
     let t = workloads::filled_queue(env, queue, messages).await?;
     let run = measured(
         n,
-        workloads::warren_one_insert::<B>(env, store.clone(), queue, n, isolation, failing, &|| {}),
+        workloads::warren_one_insert::<B>(
+            env,
+            store.clone(),
+            queue,
+            n,
+            failing,
+            &|b| b.with_batch_isolation(isolation),
+            &|| {},
+        ),
     )
     .await;
     let _ = warren::broker::delete(&env.connection, &t).await;

@@ -289,8 +289,8 @@ enum Command {
         #[arg(long)]
         sweep: bool,
         /// Rows to run besides the bare drain (row 1, every ratio's
-        /// baseline, always runs): any of 2, 3 (with 3b), 4, 5, 6, 7.
-        #[arg(long, value_delimiter = ',', default_value = "2,3,4,5,6,7")]
+        /// baseline, always runs): any of 2, 3 (with 3b), 4, 5, 6, 7, 8.
+        #[arg(long, value_delimiter = ',', default_value = "2,3,4,5,6,7,8")]
         rows: Vec<u8>,
         /// After the rows on PostgreSQL, run rows 3, 3b and 4 again with
         /// their broker and database connections through counting proxies,
@@ -664,8 +664,8 @@ async fn run(command: Command, cfg: Config) -> Result<bool, String> {
             instances,
             broker_nodes,
         } => {
-            if let Some(bad) = rows.iter().find(|r| !(1..=7).contains(*r)) {
-                return Err(format!("--rows: {bad} is not a row; the rows are 1 to 7"));
+            if let Some(bad) = rows.iter().find(|r| !(1..=8).contains(*r)) {
+                return Err(format!("--rows: {bad} is not a row; the rows are 1 to 8"));
             }
             let has = |r: u8| rows.contains(&r);
             if has(6) && !has(3) {

@@ -8,11 +8,10 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
-use warren::Outgoing;
 use warren::admin::DeadLetterReason;
 use warren::broker::Publisher;
 use warren::lapin::BasicProperties;
-use warren::lapin::types::{AMQPValue, FieldTable};
+use warren::{Outgoing, OutgoingFormat};
 
 use crate::handlers::{CURRENCIES, InvoicePaidV1, InvoicePaidV2, PAID_V1, PAID_V2, minor_units};
 
@@ -76,57 +75,36 @@ impl Form {
 
 /// `msg` as a producer publishing in `form` would send it: the same event
 /// type, payload and (where the form carries one) id.
-fn in_form(form: Form, routing_key: &str, msg: &Outgoing) -> Planned {
-    if form == Form::Warren {
-        return planned(routing_key, msg);
-    }
-    let meta = msg.meta();
-    let envelope: serde_json::Value =
-        serde_json::from_slice(&msg.body()).expect("an envelope is JSON");
-    let payload = envelope["payload"].clone();
-    let time = meta
-        .occurred_at
-        .unwrap_or_else(Utc::now)
-        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+pub fn in_form(form: Form, routing_key: &str, msg: &Outgoing) -> Planned {
     let source = "/billing/demo";
-    let json = || BasicProperties::default().with_content_type("application/json".into());
-    let (body, properties) = match form {
-        Form::CloudEventStructured => (
-            json!({
-                "specversion": "1.0", "id": meta.message_id, "source": source,
-                "type": meta.event_type, "time": time,
-                "datacontenttype": "application/json", "data": payload,
-            }),
-            BasicProperties::default().with_content_type("application/cloudevents+json".into()),
-        ),
-        Form::CloudEventBinary => {
-            let mut headers = FieldTable::default();
-            for (name, value) in [
-                ("ce-specversion", "1.0"),
-                ("ce-id", meta.message_id.as_str()),
-                ("ce-source", source),
-                ("ce-type", meta.event_type.as_str()),
-                ("ce-time", time.as_str()),
-            ] {
-                headers.insert(name.into(), AMQPValue::LongString(value.into()));
-            }
-            (payload, json().with_headers(headers))
-        }
-        Form::BareWithoutId if meta.schema_version == 1 => {
-            (payload, json().with_type(meta.event_type.as_str().into()))
-        }
-        _ => (
-            payload,
-            json()
-                .with_message_id(meta.message_id.as_str().into())
-                .with_type(meta.event_type.as_str().into()),
-        ),
+    let format = match form {
+        Form::Warren => OutgoingFormat::Warren,
+        Form::CloudEventStructured => OutgoingFormat::cloud_events_structured(source),
+        Form::CloudEventBinary => OutgoingFormat::cloud_events_binary(source),
+        Form::Bare | Form::BareWithoutId => OutgoingFormat::Bare,
     };
-    Planned {
-        routing_key: routing_key.to_owned(),
-        body: serde_json::to_vec(&body).expect("JSON values serialize"),
-        properties: properties.with_delivery_mode(2),
+    let msg = msg.clone().with_format(format);
+    let mut planned = planned(routing_key, &msg);
+    if form == Form::BareWithoutId && msg.meta().schema_version == 1 {
+        // A producer that sends no id at all: no `message_id`, nor a
+        // correlation id of its own.
+        let p = &planned.properties;
+        let mut bare = BasicProperties::default().with_delivery_mode(2);
+        if let Some(v) = p.content_type() {
+            bare = bare.with_content_type(v.clone());
+        }
+        if let Some(v) = p.kind() {
+            bare = bare.with_type(v.clone());
+        }
+        if let Some(v) = p.timestamp() {
+            bare = bare.with_timestamp(*v);
+        }
+        if let Some(v) = p.headers() {
+            bare = bare.with_headers(v.clone());
+        }
+        planned.properties = bare;
     }
+    planned
 }
 
 impl StreamSpec {
@@ -212,6 +190,22 @@ const POISON: [DeadLetterReason; 5] = [
 
 /// Builds the stream `spec` describes.
 pub fn plan(spec: &StreamSpec) -> Plan {
+    plan_forms(spec, |i, rng| {
+        if rng.f64() < spec.foreign {
+            Form::FOREIGN[i % Form::FOREIGN.len()]
+        } else {
+            Form::Warren
+        }
+    })
+}
+
+/// A plan whose valid messages are all in `form` (a v2 payment without an
+/// id goes with one, as in [`plan`]); `spec.foreign` is not read.
+pub fn plan_in(form: Form, spec: &StreamSpec) -> Plan {
+    plan_forms(spec, |_, _| form)
+}
+
+fn plan_forms(spec: &StreamSpec, form_of: impl Fn(usize, &mut fastrand::Rng) -> Form) -> Plan {
     let mut rng = fastrand::Rng::with_seed(spec.seed);
     let mut expected = Expected::default();
     let mut valid = Vec::new();
@@ -262,11 +256,7 @@ pub fn plan(spec: &StreamSpec) -> Plan {
             )
         };
         let key = if v2 { PAID_V2 } else { PAID_V1 };
-        let form = if rng.f64() < spec.foreign {
-            Form::FOREIGN[i % Form::FOREIGN.len()]
-        } else {
-            Form::Warren
-        };
+        let form = form_of(i, &mut rng);
         let counted = match form {
             Form::BareWithoutId if v2 => Form::Bare,
             form => form,

@@ -236,8 +236,8 @@ async fn consume(
                 store.clone(),
                 &queue,
                 n,
-                BatchIsolation::Replay,
                 false,
+                &|b| b.with_batch_isolation(BatchIsolation::Replay),
                 reset,
             )
             .await

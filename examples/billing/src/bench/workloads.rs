@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use tokio::sync::{Semaphore, watch};
 use warren::broker::BatchItem;
 use warren::broker::Publisher;
-use warren::config::BatchIsolation;
+use warren::config::ConsumerConfigBuilder;
 use warren::lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use warren::lapin::types::FieldTable;
 use warren::store::OutboxStore;
@@ -23,7 +23,7 @@ use super::dbs::{BenchDb, one_insert, one_insert_batch, one_insert_failing};
 use super::probe::{CpuTimes, Settled, percentile};
 use crate::handlers::{CONSUMER, PAID_V1, RECORDED};
 use crate::service::{self, Names, Settings};
-use crate::stream::{Planned, StreamSpec, plan};
+use crate::stream::{Form, Planned, StreamSpec, plan_in};
 
 /// What every workload of one run shares.
 pub struct Env {
@@ -42,15 +42,23 @@ fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 
 /// `n` unique, valid invoice-paid events (v1), as the publisher sends them.
 pub fn invoices(n: usize) -> Vec<Planned> {
-    plan(&StreamSpec {
-        count: n,
-        duplicates: 0.0,
-        v2: 0.0,
-        poison: 0,
-        flaky: 0,
-        foreign: 0.0,
-        seed: fastrand::u64(..),
-    })
+    invoices_in(Form::Warren, n)
+}
+
+/// `n` unique, valid invoice-paid events (v1), each in `form`.
+pub fn invoices_in(form: Form, n: usize) -> Vec<Planned> {
+    plan_in(
+        form,
+        &StreamSpec {
+            count: n,
+            duplicates: 0.0,
+            v2: 0.0,
+            poison: 0,
+            flaky: 0,
+            foreign: 0.0,
+            seed: fastrand::u64(..),
+        },
+    )
     .messages
 }
 
@@ -86,7 +94,7 @@ pub fn consumer_config(env: &Env, queue: &str) -> Result<ConsumerConfig, String>
         .map_err(|e| e.to_string())
 }
 
-fn consumer_builder(env: &Env, queue: &str) -> warren::config::ConsumerConfigBuilder {
+fn consumer_builder(env: &Env, queue: &str) -> ConsumerConfigBuilder {
     ConsumerConfig::builder(format!("bench-{}", env.tag), queue)
         .with_prefetch(env.settings.prefetch)
         .with_concurrency(env.settings.concurrency)
@@ -301,8 +309,8 @@ pub async fn warren_one_insert<B: BenchDb>(
     store: B::S,
     queue: &str,
     n: usize,
-    isolation: BatchIsolation,
     failing: bool,
+    configure: &(dyn Fn(ConsumerConfigBuilder) -> ConsumerConfigBuilder + Sync),
     on_consuming: &(dyn Fn() + Sync),
 ) -> Result<(Duration, warren::telemetry::ConsumerStats), String> {
     let routes: Registry<B> = if failing {
@@ -310,8 +318,7 @@ pub async fn warren_one_insert<B: BenchDb>(
     } else {
         Registry::new().route(PAID_V1, 1, one_insert::<B>)
     };
-    let config = consumer_builder(env, queue)
-        .with_batch_isolation(isolation)
+    let config = configure(consumer_builder(env, queue))
         .build()
         .map_err(|e| e.to_string())?;
     let consumer = Consumer::new(config, store, routes);
