@@ -152,8 +152,10 @@ pub enum WireFormat {
     /// A bare payload.
     Bare,
     /// A binary-mode CloudEvent.
+    #[serde(rename = "cloudevents-binary")]
     CloudEventsBinary,
     /// A structured-mode CloudEvent.
+    #[serde(rename = "cloudevents-structured")]
     CloudEventsStructured,
 }
 

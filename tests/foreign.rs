@@ -23,6 +23,7 @@ on_all_backends!(
     other_frameworks_messages_are_each_applied_once,
     hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_once,
     foreign_dead_letters_are_stored_under_the_id_warren_read,
+    cloudevents_are_retried_and_dead_lettered_as_they_came,
 );
 
 /// Where `.ci/interop-setup` installed the producers.
@@ -274,11 +275,20 @@ async fn hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_
     let formats = Formats::new()
         .then(CloudEvents::new().version_from(VersionFrom::Fixed(1)))
         .then(MassTransit::new().message_type("urn:message:Warren.Tests:Job", "test.job", 1))
+        .then(NServiceBus::new().message_type("Warren.Tests.Job", "test.job", 1))
+        .then(SpringAmqp::new().type_id("com.example.warren.Job", "test.job", 1))
         .then(WarrenEnvelope)
         .then(Bare::new().version_from(VersionFrom::Fixed(1)));
     let config = broker.builder().with_formats(formats).build().unwrap();
     broker.declare_config(&config).await;
     produce("pika-hostile", &broker, "test.job", 0);
+    // A payment sent without an id is keyed by its invoice.
+    let registry = routes::<B>().route_keyed(
+        "test.paid",
+        1,
+        |p: &Paid| format!("{}:paid", p.invoice_id),
+        paid::<B>,
+    );
 
     let expected: BTreeMap<&str, &str> = [
         ("ce-id-too-long", "invalid-cloudevent"),
@@ -292,12 +302,19 @@ async fn hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_
         ("ce-id-boolean", "invalid-cloudevent"),
         ("masstransit-unknown-type", "invalid-masstransit"),
         ("bare-unknown-type", "unknown-event-type"),
+        ("bare-id-too-long", "invalid-bare-payload"),
+        ("bare-no-type", "invalid-bare-payload"),
+        ("derived-key-too-long", "invalid-derived-key"),
+        ("masstransit-id-mismatch", "message-id-mismatch"),
+        ("nservicebus-unknown-type", "invalid-nservicebus"),
+        ("nservicebus-id-mismatch", "message-id-mismatch"),
+        ("spring-unknown-type", "invalid-spring-message"),
     ]
     .into();
     let hostile = expected.len() as u64;
     // Each case's follower twice, and the structured event twice.
     let valid = hostile + 1;
-    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    let running = Running::start(Consumer::new(config, db.store.clone(), registry));
     assert!(
         running
             .settled(hostile + 2 * valid, Duration::from_secs(60))
@@ -598,4 +615,105 @@ async fn the_cloudevents_sdk_reads_what_warren_publishes_in_both_modes() {
         assert_eq!(r["data"], serde_json::json!({ "n": n }));
     }
     broker.cleanup().await;
+}
+
+/// A CloudEvent whose handler fails for a while is retried through the delay
+/// tiers and applied once, keyed by its source and id on every attempt; one
+/// that fails for good is dead-lettered, its copy still the CloudEvent it
+/// was (its content type, its body), and a bare payload sent without an id
+/// is refused with its copy still lacking one.
+async fn cloudevents_are_retried_and_dead_lettered_as_they_came<B: Backend>() {
+    use crate::util::Mode;
+    use warren::format::Identity;
+    use warren::lapin::BasicProperties;
+    use warren::lapin::types::{AMQPValue, FieldTable, LongString};
+    use warren::{Outgoing, OutgoingFormat};
+
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let formats = Formats::new()
+        .then(CloudEvents::new().version_from(VersionFrom::Header("schemaversion".into())))
+        .then(Bare::new().version_from(VersionFrom::Fixed(1)));
+    let config = broker.builder().with_formats(formats).build().unwrap();
+    broker.declare_config(&config).await;
+    let source = format!("urn:test:{}", broker.name);
+    let flaky = Outgoing::new(crate::util::EVENT, 1, &Job::with(Mode::Transient { n: 2 }))
+        .unwrap()
+        .with_format(OutgoingFormat::cloud_events_binary(&source));
+    let doomed = Outgoing::new(crate::util::EVENT, 1, &Job::with(Mode::Permanent))
+        .unwrap()
+        .with_format(OutgoingFormat::cloud_events_structured(&source));
+    broker.publish(&flaky).await;
+    broker.publish(&doomed).await;
+    // A bare payload without a message_id whose handler refuses it.
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "test-case".into(),
+        AMQPValue::LongString(LongString::from("bare-doomed")),
+    );
+    let bare_body = serde_json::to_vec(&Job::with(Mode::Permanent)).unwrap();
+    broker
+        .publish_raw(
+            &bare_body,
+            BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_type(crate::util::EVENT.into())
+                .with_headers(headers),
+        )
+        .await;
+
+    let running = Running::start(Consumer::new(config, db.store.clone(), routes::<B>()));
+    assert!(
+        running.settled(3, Duration::from_secs(60)).await,
+        "{:?}",
+        running.stats.snapshot()
+    );
+    let stats = running.stats.snapshot();
+    running.stop().await.unwrap();
+    assert_eq!(
+        (stats.applied, stats.retried, stats.dead_lettered),
+        (1, 2, 2),
+        "{stats:?}"
+    );
+    let key = |m: &Outgoing| {
+        Identity::CloudEvent {
+            source: source.clone(),
+            id: m.meta().message_id.clone(),
+        }
+        .key()
+    };
+    assert_eq!(db.effects_for(&key(&flaky)).await, 1, "applied once");
+    assert_eq!(db.effects_for(&key(&doomed)).await, 0, "rolled back");
+
+    let letters = broker.drain(&broker.dead_letter_queue()).await;
+    assert_eq!(letters.len(), 2);
+    for letter in &letters {
+        let p = &letter.properties;
+        let headers = p.headers().clone().unwrap_or_default();
+        let header = |name: &str| match headers.inner().get(name) {
+            Some(AMQPValue::LongString(s)) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            _ => None,
+        };
+        let reason = header("x-warren-reason");
+        if header("test-case").is_some() {
+            // No id and no route that derives one: refused before any handler.
+            assert_eq!(reason.as_deref(), Some("missing-message-id"));
+            assert_eq!(letter.data, bare_body, "the bare body as sent");
+            assert!(p.message_id().is_none(), "no message_id it lacked");
+        } else {
+            assert_eq!(reason.as_deref(), Some("permanent-failure"));
+            assert_eq!(letter.data, doomed.body(), "the structured event as sent");
+            assert_eq!(
+                p.content_type().as_ref().map(|c| c.as_str()),
+                Some(warren::format::CONTENT_TYPE_STRUCTURED)
+            );
+            assert_eq!(header("x-warren-message-key"), Some(key(&doomed)));
+            assert_eq!(header("x-warren-format").as_deref(), Some("cloudevents"));
+        }
+    }
+
+    broker.cleanup().await;
+    db.drop_db().await;
 }

@@ -184,6 +184,25 @@ def hostile():
             "message": JOB}).encode(), dict(content_type="application/vnd.masstransit+json")),
         ("bare-unknown-type", job, dict(content_type="application/json",
                                         message_id=str(uuid.uuid4()), type="shop.unknown")),
+        ("bare-id-too-long", job, dict(content_type="application/json",
+                                       message_id="m" * 201, type="test.job")),
+        ("bare-no-type", job, dict(content_type="application/json",
+                                   message_id=str(uuid.uuid4()))),
+        ("derived-key-too-long", json.dumps({"invoiceId": "i" * 250}).encode(),
+         dict(content_type="application/json", type="test.paid")),
+        ("masstransit-id-mismatch", json.dumps({
+            "messageId": str(uuid.uuid4()), "messageType": ["urn:message:Warren.Tests:Job"],
+            "message": JOB}).encode(), dict(content_type="application/vnd.masstransit+json",
+                                            message_id=str(uuid.uuid4()))),
+        ("nservicebus-unknown-type", job, dict(message_id=(nsb := str(uuid.uuid4())), headers={
+            "NServiceBus.MessageId": nsb,
+            "NServiceBus.EnclosedMessageTypes": "Shop.OrderPlaced, Shop, Version=1.0.0.0"})),
+        ("nservicebus-id-mismatch", job, dict(message_id=str(uuid.uuid4()), headers={
+            "NServiceBus.MessageId": str(uuid.uuid4()),
+            "NServiceBus.EnclosedMessageTypes": "Warren.Tests.Job, Warren.Tests"})),
+        ("spring-unknown-type", job, dict(content_type="application/json",
+                                          message_id=str(uuid.uuid4()),
+                                          headers={"__TypeId__": "com.example.shop.Order"})),
     ]
     import pika as p
     connection = p.BlockingConnection(p.URLParameters(URL))
