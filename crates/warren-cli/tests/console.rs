@@ -106,6 +106,13 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
         "shown as text: {}",
         page.body
     );
+    // Not warren's record: it was never read, in any format.
+    assert!(
+        page.body
+            .contains("<dt>Format</dt><dd>not read: refused before a format took it</dd>"),
+        "{}",
+        page.body
+    );
     // Masked until asked for, and the asking is audited.
     assert!(
         !page.body.contains("4111111111111111"),
@@ -195,6 +202,11 @@ async fn the_console_from_login_to_a_careful_replay<B: Backend>() {
     let letter_page = format!("/letters/{}", encode(&edited.letter_id));
     let before = http(addr, "GET", &letter_page, &bob_auth, "").await;
     assert!(before.body.contains(">dead-lettered<"), "{}", before.body);
+    assert!(
+        before.body.contains("<dt>Format</dt><dd>warren</dd>"),
+        "{}",
+        before.body
+    );
     let edit = form(&[
         ("csrf", bob_csrf.as_str()),
         ("action", "edit-replay"),

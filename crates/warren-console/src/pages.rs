@@ -125,6 +125,9 @@ pub(crate) struct HistoryRow {
 struct LetterPage {
     viewer: Viewer,
     letter: warren::store::StoredDeadLetter,
+    /// The format its consumer read it in; empty if it was refused before
+    /// a format read it.
+    format: String,
     state: &'static str,
     first_failure: String,
     last_failure: String,
@@ -218,6 +221,11 @@ pub(crate) async fn letter<S: ConsoleStore>(
         .collect();
     let (shown, masked) = payload(record.body_to_send(), &app.config.masked_fields, revealed);
     let headers = record.header_texts();
+    let format = headers
+        .iter()
+        .find(|(name, _)| name == warren::headers::HEADER_FORMAT)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
     let edit = record
         .edit
         .as_ref()
@@ -229,6 +237,7 @@ pub(crate) async fn letter<S: ConsoleStore>(
         first_failure: time(l.first_failure),
         last_failure: time(l.last_failure),
         headers,
+        format,
         payload: shown,
         masked,
         revealed,
