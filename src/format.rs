@@ -540,6 +540,24 @@ pub(crate) fn check_id(
     Ok(())
 }
 
+/// Refuses a message whose own id (`field` of the format: warren's
+/// `messageId`, MassTransit's, `NServiceBus.MessageId`) differs from the
+/// AMQP `message_id` it also carries, if it carries one: two ids for one
+/// message, and no telling which a producer's retry would repeat.
+pub(crate) fn check_same_id(
+    field: &str,
+    id: &str,
+    property: Option<&str>,
+) -> Result<(), InvalidMessage> {
+    match property.filter(|p| !p.is_empty()) {
+        Some(property) if property != id => Err(InvalidMessage::new(
+            DeadLetterReason::MessageIdMismatch,
+            format!("{field} {id:?} differs from the message_id property {property:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a text that travels on in an AMQP short string (an event type, a
 /// correlation or causation id): at most 255 bytes, no control character.
 pub(crate) fn check_short(

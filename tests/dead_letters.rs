@@ -5,8 +5,6 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use warren::admin::{
     CopyOutcome, EditError, Ingester, ReplayError, Replayer, edit_letter, set_payload_fields,
     unstored_queue_name,
@@ -18,7 +16,7 @@ use warren::store::{
 use warren::{Consumer, ConsumerConfig};
 
 use crate::util::{
-    Backend, Job, Mode, Running, TestBroker, amqp_url, routes, set_broken, unique, wait_for,
+    Backend, Ingesting, Job, Mode, Running, TestBroker, routes, set_broken, unique, wait_for,
 };
 
 on_all_backends!(
@@ -31,38 +29,6 @@ on_all_backends!(
     a_letter_dealt_with_that_fails_again_is_opened_again,
     a_letter_the_database_refuses_whole_is_stored_cut_and_kept_aside
 );
-
-/// An ingester running in the background of a test.
-struct Ingesting {
-    stop: oneshot::Sender<()>,
-    handle: JoinHandle<Result<(), warren::Error>>,
-}
-
-impl Ingesting {
-    fn start<S>(ingester: Ingester<S>) -> Self
-    where
-        S: DeadLetterStore + warren::store::SigningKey + Journal + Send + Sync + 'static,
-    {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
-            ingester
-                .run(&amqp_url(), async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Self { stop, handle }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(30), self.handle)
-            .await
-            .expect("the ingester stops within 30 s")
-            .expect("the ingester task does not panic")
-            .expect("the ingester ends without an error");
-    }
-}
 
 async fn stored<B: Backend>(store: &B::S, filter: &LetterFilter) -> usize {
     store.dead_letters(filter, None, 1000).await.unwrap().len()

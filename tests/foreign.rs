@@ -437,25 +437,15 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
     }
     .key();
     let paid_key = Identity::Derived("inv_9:paid".into()).key();
-    let ingesting = {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let ingester = Ingester::new(db.store.clone(), &config).redacting(["card.number"]);
-        let handle = tokio::spawn(async move {
-            ingester
-                .run(&amqp_url(), async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        (stop, handle)
-    };
+    let ingesting = crate::util::Ingesting::start(
+        Ingester::new(db.store.clone(), &config).redacting(["card.number"]),
+    );
     let all = LetterFilter::default();
     let stored = wait_for(Duration::from_secs(60), || async {
         db.store.dead_letters(&all, None, 10).await.unwrap().len() >= 2
     })
     .await;
-    let _ = ingesting.0.send(());
-    ingesting.1.await.unwrap().unwrap();
+    ingesting.stop().await;
     assert!(stored, "both letters stored");
 
     for (key, event_type, reason, format) in [

@@ -100,16 +100,7 @@ impl MassTransit {
             .filter(|id| !id.is_empty())
             .ok_or_else(|| invalid("messageId is missing or empty".into()))?;
         check_id("messageId", &message_id, R::InvalidMassTransit)?;
-        if let Some(property) = incoming.message_id.filter(|id| !id.is_empty())
-            && property != message_id
-        {
-            return Err(InvalidMessage::new(
-                R::MessageIdMismatch,
-                format!(
-                    "messageId {message_id:?} differs from the message_id property {property:?}"
-                ),
-            ));
-        }
+        super::check_same_id("messageId", &message_id, incoming.message_id)?;
         let (event_type, version) = self
             .types
             .first_of(wire.message_type.iter().map(String::as_str))

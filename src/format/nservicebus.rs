@@ -108,16 +108,7 @@ impl NServiceBus {
             .filter(|id| !id.is_empty())
             .ok_or_else(|| invalid("NServiceBus.MessageId is missing or empty".into()))?;
         check_id("NServiceBus.MessageId", &message_id, R::InvalidNServiceBus)?;
-        if let Some(property) = incoming.message_id.filter(|id| !id.is_empty())
-            && property != message_id
-        {
-            return Err(InvalidMessage::new(
-                R::MessageIdMismatch,
-                format!(
-                    "NServiceBus.MessageId {message_id:?} differs from the message_id property {property:?}"
-                ),
-            ));
-        }
+        super::check_same_id("NServiceBus.MessageId", &message_id, incoming.message_id)?;
         let payload =
             json_body(incoming.body).map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
         let mut read = Read::new(self.name(), event_type.to_owned(), version, payload);

@@ -87,14 +87,8 @@ impl Format for WarrenEnvelope {
             .correlation_id
             .ok_or_else(|| missing("correlationId"))?;
         check_id("messageId", &message_id, R::InvalidEnvelope).map_err(Refusal::Invalid)?;
-        if message_id != property_id {
-            return Err(Refusal::Invalid(InvalidMessage::new(
-                R::MessageIdMismatch,
-                format!(
-                    "body messageId {message_id:?} differs from the message_id property {property_id:?}"
-                ),
-            )));
-        }
+        super::check_same_id("body messageId", &message_id, Some(property_id))
+            .map_err(Refusal::Invalid)?;
         for (field, value) in [
             ("eventType", event_type.as_str()),
             ("correlationId", correlation_id.as_str()),

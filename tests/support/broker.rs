@@ -422,3 +422,40 @@ pub async fn consume_until<B: Backend>(
     running.stop().await.unwrap();
     stats
 }
+
+/// An ingester running in the background of a test.
+pub struct Ingesting {
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<Result<(), Error>>,
+}
+
+impl Ingesting {
+    pub fn start<S>(ingester: warren::admin::Ingester<S>) -> Self
+    where
+        S: warren::store::DeadLetterStore
+            + warren::store::SigningKey
+            + warren::store::Journal
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            ingester
+                .run(&amqp_url(), async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self { stop, handle }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.handle)
+            .await
+            .expect("the ingester stops within 30 s")
+            .expect("the ingester task does not panic")
+            .expect("the ingester ends without an error");
+    }
+}
