@@ -22,7 +22,7 @@ use warren::{Consumer, ConsumerConfig, HandlerError, Message, Outgoing, Registry
 
 use crate::util::{
     APPLIED_TABLE, Backend, Running, TestBroker, TestDb, amqp_url, consumer_tags, queue_policy,
-    queue_report, wait_for,
+    queue_report, unique, wait_for,
 };
 
 on_all_backends!(
@@ -182,6 +182,43 @@ fn shares(owners: &BTreeMap<u32, String>) -> HashMap<String, usize> {
     shares
 }
 
+/// Why partitions may go untaken when nothing in warren failed: a broker
+/// without the consistent-hash exchange (its plugin off), where the
+/// consumers stop at start. "" if the broker has the exchange type.
+async fn without_the_plugin() -> &'static str {
+    let Ok(connection) = lapin::Connection::connect(&amqp_url(), Default::default()).await else {
+        return "; the broker cannot be reached";
+    };
+    let name = unique("plugin-probe");
+    let declared = match connection.create_channel().await {
+        Ok(channel) => {
+            let declared = channel
+                .exchange_declare(
+                    name.as_str().into(),
+                    lapin::ExchangeKind::Custom("x-consistent-hash".into()),
+                    Default::default(),
+                    Default::default(),
+                )
+                .await
+                .is_ok();
+            if declared {
+                let _ = channel
+                    .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+            declared
+        }
+        Err(_) => false,
+    };
+    let _ = connection.close(200, "probed".into()).await;
+    if declared {
+        ""
+    } else {
+        "; the broker has no x-consistent-hash exchange type: \
+         rabbitmq-plugins enable rabbitmq_consistent_hash_exchange (.ci/run does)"
+    }
+}
+
 /// Waits until one member holds all `count` partitions and each partition
 /// queue has its consumer; returns that member.
 async fn one_owner_of_all<S: warren::store::Leases>(
@@ -191,16 +228,19 @@ async fn one_owner_of_all<S: warren::store::Leases>(
 ) -> String {
     let count = config.partitions().unwrap().count as usize;
     let name = config.name().to_owned();
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            let owners = owners(store, &name).await;
-            let shares = shares(&owners);
-            owners.len() == count && shares.len() == 1 && shares.values().all(|n| *n == count)
-        })
-        .await,
-        "one instance did not take every partition: {:?}",
-        owners(store, &name).await
-    );
+    let took = wait_for(Duration::from_secs(30), || async {
+        let owners = owners(store, &name).await;
+        let shares = shares(&owners);
+        owners.len() == count && shares.len() == 1 && shares.values().all(|n| *n == count)
+    })
+    .await;
+    if !took {
+        panic!(
+            "one instance did not take every partition: {:?}{}",
+            owners(store, &name).await,
+            without_the_plugin().await
+        );
+    }
     subscribed(broker, config).await;
     owners(store, &name).await.remove(&0).unwrap()
 }
@@ -1023,11 +1063,13 @@ async fn leases_move_between_instances_and_are_given_back_on_stop<B: Backend>() 
         owners.len() == 4 && owners.values().all(|o| o == &b)
     })
     .await;
-    assert!(
-        taken,
-        "the second instance did not take every partition: {:?}",
-        owners(&store, &name).await
-    );
+    if !taken {
+        panic!(
+            "the second instance did not take every partition: {:?}{}",
+            owners(&store, &name).await,
+            without_the_plugin().await
+        );
+    }
     subscribed(&broker, &config).await;
     assert!(second.is_running());
     second.stop().await.unwrap();
