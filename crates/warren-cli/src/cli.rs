@@ -99,6 +99,15 @@ pub(crate) enum Command {
         /// of the chain). The password is never printed.
         #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true, required = true, value_parser = DatabaseUrlParser)]
         database_urls: Vec<DatabaseUrl>,
+        /// MESSAGE_ID is a CloudEvent's `id` from this `source`: the trace
+        /// looks for the key warren keeps the pair under (`~ce:` and a hash).
+        #[arg(long, value_parser = checked("--source", input::message_id), conflicts_with = "derived_key")]
+        source: Option<String>,
+        /// MESSAGE_ID is a key the consumer's route derived from the payload
+        /// (`inv_1:paid`), not a producer's id: the trace looks for `~key:`
+        /// and it.
+        #[arg(long)]
+        derived_key: bool,
         /// Trace each event the message caused too, and theirs, through
         /// every database given.
         #[arg(long)]

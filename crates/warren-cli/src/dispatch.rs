@@ -110,9 +110,24 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Trace {
             message_id,
             database_urls,
+            source,
+            derived_key,
             follow,
             json,
-        } => run_trace(&database_urls, &message_id, follow, json).await?,
+        } => {
+            use warren::format::Identity;
+            // The key warren journals and dedups the message by.
+            let key = match (source, derived_key) {
+                (Some(source), _) => Identity::CloudEvent {
+                    source,
+                    id: message_id,
+                }
+                .key(),
+                (None, true) => Identity::Derived(message_id).key(),
+                (None, false) => message_id,
+            };
+            run_trace(&database_urls, &key, follow, json).await?;
+        }
         Command::Inbox {
             database_url,
             command,

@@ -9,7 +9,10 @@ use warren::{Consumer, RelayConfig};
 use crate::cli::{text, warren};
 use crate::util::{Backend, Job, Mode, Running, TestBroker, routes, wait_for};
 
-on_all_backends!(trace_tells_a_retry_a_duplicate_and_the_event_downstream);
+on_all_backends!(
+    trace_tells_a_retry_a_duplicate_and_the_event_downstream,
+    trace_finds_a_cloudevent_by_its_source_and_id,
+);
 
 fn outcomes(journal: &serde_json::Value, consumer: &str) -> Vec<String> {
     journal
@@ -135,4 +138,72 @@ async fn trace_tells_a_retry_a_duplicate_and_the_event_downstream<B: Backend>() 
     broker.cleanup().await;
     upstream_db.drop_db().await;
     downstream_db.drop_db().await;
+}
+
+/// A CloudEvent is journaled under its `~ce:` key; `warren trace ID
+/// --source SOURCE` finds it by the pair its producer knows, and the
+/// journal's rows name the pair verbatim.
+async fn trace_finds_a_cloudevent_by_its_source_and_id<B: Backend>() {
+    use warren::format::{CloudEvents, Formats, VersionFrom};
+    use warren::{Outgoing, OutgoingFormat};
+
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_formats(
+            Formats::new()
+                .then(CloudEvents::new().version_from(VersionFrom::Header("schemaversion".into()))),
+        )
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let source = format!("urn:shop:{}", broker.name);
+    let event = Outgoing::new(crate::util::EVENT, 1, &Job::with(Mode::Transient { n: 1 }))
+        .unwrap()
+        .with_format(OutgoingFormat::cloud_events_binary(&source));
+    let id = event.meta().message_id.clone();
+    broker.publish(&event).await;
+    let running = Running::start(Consumer::new(
+        config.clone(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(1, Duration::from_secs(60)).await);
+    broker.publish(&event).await;
+    assert!(running.settled(2, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+
+    let out = warren(&[
+        "trace",
+        &id,
+        "--source",
+        &source,
+        "--database-url",
+        &db.url,
+        "--json",
+    ])
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        tree["message_id"].as_str().unwrap().starts_with("~ce:"),
+        "{tree:#}"
+    );
+    assert_eq!(tree["received"].as_array().unwrap().len(), 1, "{tree:#}");
+    let mut seen = outcomes(&tree["journal"], config.name());
+    seen.sort();
+    assert_eq!(seen, ["duplicate", "retried"], "{tree:#}");
+    let who = format!("CloudEvent {id:?} from {source:?}");
+    for row in tree["journal"].as_array().unwrap() {
+        assert!(row["detail"].as_str().unwrap().starts_with(&who), "{row:#}");
+    }
+    // Without --source the id alone is another message: never received.
+    let out = warren(&["trace", &id, "--database-url", &db.url]).await;
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("never received by a consumer"), "{stdout}");
+
+    broker.cleanup().await;
+    db.drop_db().await;
 }
