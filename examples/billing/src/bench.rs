@@ -120,8 +120,9 @@ impl Goals {
 
 const RSS_GOAL_MIB: f64 = 100.0;
 
-/// Messages a drain of row 8 at most: it drains twenty times.
-const FORMAT_MESSAGES: usize = 5000;
+/// Messages a drain of row 8 at most: it drains twenty times, and a tick of
+/// the CPU clock (10 ms) is then half a microsecond a message.
+const FORMAT_MESSAGES: usize = 20_000;
 
 /// Messages a transaction of row 7, the database floor.
 const FLOOR_BATCH: usize = 32;

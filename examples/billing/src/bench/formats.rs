@@ -16,8 +16,9 @@ use super::workloads::{self, Env, invoices_in};
 use crate::service::invoice_formats;
 use crate::stream::{Form, Planned};
 
-/// Rounds; each runs every format once, in turn, so that what drifts over
-/// a run (the inbox growing, the machine's other load) falls on all alike.
+/// Rounds; each runs every format once, in turn (each round from another
+/// format), so that what drifts over a run (the inbox growing, the
+/// machine's other load) falls on all alike.
 const ROUNDS: usize = 5;
 
 /// What a format may cost warren's process over the envelope, per message.
@@ -76,7 +77,12 @@ pub async fn row8<B: BenchDb>(
         })
         .collect();
     for round in 0..ROUNDS {
-        for (i, cost) in costs.iter_mut().enumerate() {
+        // Each round starts at another format: none always runs first, or
+        // always right after another.
+        let formats = costs.len();
+        for k in 0..formats {
+            let i = (k + round) % formats;
+            let cost = &mut costs[i];
             // Fresh ids each drain: the consumer's inbox holds the others.
             let messages = invoices_in(cost.form, n);
             cost.reads.push(read_alone(&messages)?);
