@@ -240,8 +240,7 @@ impl Identity {
                     hash.update((part.len() as u64).to_be_bytes());
                     hash.update(part.as_bytes());
                 }
-                let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-                format!("{CLOUDEVENT_PREFIX}{hex}")
+                format!("{CLOUDEVENT_PREFIX}{}", hex::encode(hash.finalize()))
             }
         }
     }

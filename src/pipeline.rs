@@ -221,7 +221,7 @@ impl<S: Store + SoloRuns + Journal> Pipeline<S> {
         let started = Instant::now();
         let received_at = Utc::now();
         // Forged headers travel on, set apart, and decide nothing.
-        delivery.properties = self.signer().trusted(&delivery.properties);
+        self.signer().trust(&mut delivery.properties);
         let headers = delivery.properties.headers().as_ref();
         let history = History {
             failed_attempts: headers

@@ -127,8 +127,7 @@ fn marker_name() -> &'static str {
     NAME.get_or_init(|| {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).expect("the operating system's random source works");
-        let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-        format!("x-warren-guard-{hex}")
+        format!("x-warren-guard-{}", hex::encode(nonce))
     })
 }
 

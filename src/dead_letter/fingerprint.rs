@@ -11,10 +11,7 @@ pub fn fingerprint(reason: &str, error: &str, event_type: &str) -> String {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
-    hash.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&hash.finalize()[..8])
 }
 
 /// An error text with what varies from one message to the next taken out:

@@ -53,10 +53,7 @@ fn digest(parts: &[&[u8]]) -> String {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part);
     }
-    hash.finalize()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&hash.finalize()[..16])
 }
 
 #[cfg(test)]

@@ -73,8 +73,7 @@ impl Signer {
     /// Adds the signature over `headers`' `x-warren-*` entries.
     pub(crate) fn sign(&self, message_id: &str, headers: &mut FieldTable) {
         let tag = self.mac(message_id, headers).finalize().into_bytes();
-        let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
-        headers.insert(HEADER_SIGNATURE.into(), text(&hex));
+        headers.insert(HEADER_SIGNATURE.into(), text(&hex::encode(tag)));
     }
 
     /// True if `headers` carries a valid signature over its `x-warren-*` entries.
@@ -82,7 +81,7 @@ impl Signer {
         let Some(AMQPValue::LongString(given)) = headers.inner().get(HEADER_SIGNATURE) else {
             return false;
         };
-        let Some(given) = decode_hex(given.as_bytes()) else {
+        let Ok(given) = hex::decode(given.as_bytes()) else {
             return false;
         };
         self.mac(message_id, headers).verify_slice(&given).is_ok()
@@ -92,8 +91,17 @@ impl Signer {
     /// without a valid signature are moved into [`HEADER_UNVERIFIED`]; the
     /// broker's headers are left for the caller to judge.
     pub(crate) fn trusted(&self, properties: &BasicProperties) -> BasicProperties {
+        let mut trusted = properties.clone();
+        self.trust(&mut trusted);
+        trusted
+    }
+
+    /// [`trusted`](Self::trusted) in place: a delivery whose headers are
+    /// signed, or claim nothing of warren's, is left as it came (no copy of
+    /// its headers on every delivery).
+    pub(crate) fn trust(&self, properties: &mut BasicProperties) {
         let Some(headers) = properties.headers() else {
-            return properties.clone();
+            return;
         };
         let message_id = properties
             .message_id()
@@ -105,7 +113,7 @@ impl Signer {
             .keys()
             .any(|k| is_warren(k.as_str()) && k.as_str() != HEADER_UNVERIFIED);
         if !claims || self.verify(message_id, headers) {
-            return properties.clone();
+            return;
         }
         let mut kept = BTreeMap::new();
         let mut unverified = match headers.inner().get(HEADER_UNVERIFIED) {
@@ -126,18 +134,6 @@ impl Signer {
             ShortString::from(HEADER_UNVERIFIED),
             AMQPValue::FieldTable(unverified),
         );
-        properties.clone().with_headers(FieldTable::from(kept))
+        *properties = std::mem::take(properties).with_headers(FieldTable::from(kept));
     }
-}
-
-fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    hex.chunks(2)
-        .map(|pair| {
-            let digit = |c: u8| (c as char).to_digit(16);
-            Some((digit(pair[0])? * 16 + digit(pair[1])?) as u8)
-        })
-        .collect()
 }

@@ -98,7 +98,7 @@ pub(crate) const SIGNING_KEY_SETTING: &str = "header-signing-key";
 pub(crate) fn new_signing_key() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the operating system's random source is available");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// Wake-ups for the relays of one store: each relay holds a receiver and sees

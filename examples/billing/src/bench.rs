@@ -73,7 +73,7 @@ pub struct BenchSpec {
     pub rows: Vec<u8>,
     /// Count row 3's statements and ack frames on the wire (PostgreSQL).
     pub counts: bool,
-    /// Where to write flamegraphs of rows 3, 3b and 4 (feature `profile`).
+    /// Where to write flamegraphs of rows 3, 3b, 4 and 8 (feature `profile`).
     pub profile: Option<std::path::PathBuf>,
     /// Counts of billing instances to run row 4 with, side by side, on
     /// PostgreSQL (empty: skip).
@@ -487,7 +487,8 @@ async fn on_database<B: BenchDb>(
             "{}: row 8, each format billing reads against warren's envelope, {n8} messages a drain",
             B::LABEL
         );
-        by_format = Some(formats::row8::<B>(env, &store, &queue, n8).await?);
+        by_format =
+            Some(formats::row8::<B>(env, &store, &queue, n8, spec.profile.as_deref()).await?);
     }
 
     let mut relayed = None;

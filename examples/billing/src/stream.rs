@@ -61,6 +61,11 @@ impl Form {
         Form::BareWithoutId,
     ];
 
+    /// Its name in a file name (the bench's flamegraphs).
+    pub fn slug(self) -> String {
+        self.name().replace(", ", "-").replace(' ', "-")
+    }
+
     /// Its name in the demo's table.
     pub fn name(self) -> &'static str {
         match self {

@@ -376,7 +376,7 @@ impl Found<'_> {
                 _ => {}
             }
         }
-        let hex: String = d.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = hex::encode(d.finalize());
         format!("sha256:{hex}")
     }
 }

@@ -61,7 +61,7 @@ fn sha256(parts: &[&[u8]]) -> String {
     for p in parts {
         d.update(p);
     }
-    let hex: String = d.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = hex::encode(d.finalize());
     format!("sha256:{hex}")
 }
 

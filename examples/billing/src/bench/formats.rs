@@ -2,9 +2,15 @@
 //! per message, against warren's envelope. The same consumer (billing's
 //! formats, in billing's order) drains a queue of invoices in one format at
 //! a time, every format once a round, five rounds: the median of each
-//! format's five. Beside it, the read alone (`Formats::read`), in this
-//! process, over the same messages: the only step the formats do not share.
+//! format's five. Beside it, in this process over the same messages: the
+//! read alone (`Formats::read`), the only step of warren's the formats do not
+//! share; and the AMQP client's parse of each message's properties alone
+//! (amq-protocol's `parse_frame`, which lapin runs on every frame), which
+//! grows with every header a format carries.
 
+use std::path::Path;
+
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
 use std::time::Instant;
 
 use warren::config::BatchIsolation;
@@ -12,6 +18,7 @@ use warren::format::{DEFAULT_MAX_BODY_BYTES, Incoming};
 
 use super::dbs::BenchDb;
 use super::measured;
+use super::profile::profiled;
 use super::workloads::{self, Env, invoices_in};
 use crate::service::invoice_formats;
 use crate::stream::{Form, Planned};
@@ -43,6 +50,8 @@ pub struct FormatCost {
     pub drains: Vec<f64>,
     /// The read alone, in µs per message.
     pub reads: Vec<f64>,
+    /// The client's parse of the content header alone, in µs per message.
+    pub parses: Vec<f64>,
 }
 
 impl FormatCost {
@@ -52,6 +61,10 @@ impl FormatCost {
 
     pub fn read(&self) -> f64 {
         median(&self.reads)
+    }
+
+    pub fn parse(&self) -> f64 {
+        median(&self.parses)
     }
 }
 
@@ -67,6 +80,7 @@ pub async fn row8<B: BenchDb>(
     store: &B::S,
     queue: &dyn Fn(&str) -> String,
     n: usize,
+    profile: Option<&Path>,
 ) -> Result<Vec<FormatCost>, String> {
     let mut costs: Vec<FormatCost> = FORMS
         .iter()
@@ -74,6 +88,7 @@ pub async fn row8<B: BenchDb>(
             form,
             drains: Vec::new(),
             reads: Vec::new(),
+            parses: Vec::new(),
         })
         .collect();
     for round in 0..ROUNDS {
@@ -86,24 +101,33 @@ pub async fn row8<B: BenchDb>(
             // Fresh ids each drain: the consumer's inbox holds the others.
             let messages = invoices_in(cost.form, n);
             cost.reads.push(read_alone(&messages)?);
+            cost.parses.push(client_parse(&messages)?);
             let q = queue(&format!("format{i}-{round}"));
             let t = workloads::filled_queue(env, &q, &messages).await?;
-            let run = measured(
-                n,
-                workloads::warren_one_insert::<B>(
-                    env,
-                    store.clone(),
-                    &q,
+            // The last round's drains are profiled (with --profile): one
+            // flamegraph a format, to set side by side.
+            let dir = profile.filter(|_| round + 1 == ROUNDS);
+            let name = format!("row8-{}-{}", B::LABEL, cost.form.slug());
+            let run = profiled(
+                dir,
+                &name,
+                measured(
                     n,
-                    false,
-                    &|b| {
-                        b.with_batch_isolation(BatchIsolation::Replay)
-                            .with_formats(invoice_formats())
-                    },
-                    &|| {},
+                    workloads::warren_one_insert::<B>(
+                        env,
+                        store.clone(),
+                        &q,
+                        n,
+                        false,
+                        &|b| {
+                            b.with_batch_isolation(BatchIsolation::Replay)
+                                .with_formats(invoice_formats())
+                        },
+                        &|| {},
+                    ),
                 ),
             )
-            .await;
+            .await?;
             let _ = warren::broker::delete(&env.connection, &t).await;
             let (_, stats) = run.out?;
             if stats.applied != n as u64 {
@@ -139,6 +163,39 @@ fn read_alone(messages: &[Planned]) -> Result<f64, String> {
     Ok(per)
 }
 
+/// The AMQP client's parse of each message's content header frame (its
+/// properties, headers included), in µs per message: amq-protocol's
+/// `parse_frame`, the parser lapin runs on what the broker sends, over the
+/// frames these messages arrive in. Wall time on one thread, as the read's.
+fn client_parse(messages: &[Planned]) -> Result<f64, String> {
+    let frames = messages
+        .iter()
+        .map(|m| {
+            let frame = AMQPFrame::Header(
+                1,
+                AMQPContentHeader {
+                    class_id: 60,
+                    body_size: m.body.len() as u64,
+                    properties: m.properties.clone(),
+                },
+            );
+            gen_frame(&frame)(WriteContext::from(Vec::new()))
+                .map(|written| written.write)
+                .map_err(|e| format!("row 8: cannot write a content header frame: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    for _ in 0..READ_PASSES {
+        for frame in &frames {
+            let parsed = parse_frame(frame.as_slice())
+                .map_err(|e| format!("row 8: the client cannot parse a frame: {e:?}"))?;
+            std::hint::black_box(parsed);
+        }
+    }
+    let per = started.elapsed().as_secs_f64() * 1e6 / (READ_PASSES * frames.len().max(1)) as f64;
+    Ok(per)
+}
+
 /// Prints row 8's table; true if every format is within the budget.
 pub fn print(label: &str, costs: &[FormatCost]) -> bool {
     let Some(envelope) = costs.first() else {
@@ -149,8 +206,15 @@ pub fn print(label: &str, costs: &[FormatCost]) -> bool {
          drains each, taken in turns; budget: {BUDGET_US} µs over the envelope)"
     );
     println!(
-        "   {:<24} {:>12} {:>12} {:>12} {:>12}   runs (µs/msg)",
-        "format", "drain µs", "over env.", "read µs", "over env."
+        "   {:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   runs (µs/msg)",
+        "format",
+        "drain µs",
+        "over env",
+        "read µs",
+        "over env",
+        "client µs",
+        "over env",
+        "warren's"
     );
     let mut within = true;
     for c in costs {
@@ -164,13 +228,19 @@ pub fn print(label: &str, costs: &[FormatCost]) -> bool {
             " MISSED"
         };
         let runs: Vec<String> = c.drains.iter().map(|d| format!("{d:.1}")).collect();
+        // What the format costs over the envelope once the client's parse
+        // of its properties is taken out: warren's own share.
+        let client_over = c.parse() - envelope.parse();
         println!(
-            "   {:<24} {:>12.1} {:>+12.2} {:>12.2} {:>+12.2}   {}{verdict}",
+            "   {:<24} {:>9.1} {:>+9.2} {:>9.2} {:>+9.2} {:>9.2} {:>+9.2} {:>+9.2}   {}{verdict}",
             c.form.name(),
             c.drain(),
             over,
             c.read(),
             c.read() - envelope.read(),
+            c.parse(),
+            client_over,
+            over - client_over,
             runs.join(" "),
         );
     }

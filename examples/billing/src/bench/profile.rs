@@ -1,5 +1,6 @@
 //! `billing bench --profile DIR`: a flamegraph of this process (warren's
-//! consumer, its relay, the benchmark's publishers) during rows 3, 3b and 4,
+//! consumer, its relay, the benchmark's publishers) during rows 3, 3b, 4 and
+//! 8 (its last round, a graph a format), with its stacks folded beside it,
 //! sampled in process with pprof at 997 Hz, and the functions most samples
 //! were taken in. Built only with the `profile` feature, so that the
 //! profiler's dependencies stay out of every other build.
@@ -53,6 +54,22 @@ impl Profile {
             report
                 .flamegraph(file)
                 .map_err(|e| format!("cannot write the flamegraph: {e}"))?;
+            // Beside it, the stacks folded one a line (`outer;...;inner
+            // count`, as flamegraph tools take them): two profiles compared
+            // function by function, not only by their pictures.
+            let folded_path = self.path.with_extension("folded");
+            let mut folded = String::new();
+            for (frames, count) in &report.data {
+                let names: Vec<String> = frames
+                    .frames
+                    .iter()
+                    .rev()
+                    .flat_map(|inlined| inlined.iter().rev().map(|s| s.name()))
+                    .collect();
+                folded.push_str(&format!("{} {count}\n", names.join(";")));
+            }
+            std::fs::write(&folded_path, folded)
+                .map_err(|e| format!("cannot write {}: {e}", folded_path.display()))?;
             let mut by_leaf: std::collections::HashMap<String, isize> = Default::default();
             let mut total = 0isize;
             for (frames, count) in &report.data {
