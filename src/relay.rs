@@ -134,9 +134,12 @@ impl<S: OutboxStore> Relay<S> {
         let _shared = self.barrier.shared().await;
         let mut tally = RelayStats::default();
         let tally_ref = &mut tally;
+        let mut handed = 0;
+        let handed_ref = &mut handed;
         let taken = self
             .store
             .relay_batch(self.config.batch_size, move |rows| async move {
+                *handed_ref = rows.len();
                 let outcomes = publish_rows(publisher, rows, self.config.batch_deadline).await;
                 for (_, outcome) in &outcomes {
                     match outcome {
@@ -148,6 +151,10 @@ impl<S: OutboxStore> Relay<S> {
                 outcomes
             })
             .await?;
+        // Rows taken but never handed over had stored properties this
+        // warren cannot read (a format a later version wrote, say): the
+        // store marked them failed, and they count as failed like any other.
+        tally.failed += u64::try_from(taken.saturating_sub(handed)).unwrap_or(u64::MAX);
         // Counted only now that the outcomes are recorded.
         let c = &self.counters;
         c.published.fetch_add(tally.published, Ordering::Relaxed);

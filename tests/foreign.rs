@@ -24,6 +24,7 @@ on_all_backends!(
     hostile_foreign_messages_are_dead_lettered_and_their_followers_applied_once,
     foreign_dead_letters_are_stored_under_the_id_warren_read,
     cloudevents_are_retried_and_dead_lettered_as_they_came,
+    an_edit_keeps_who_a_foreign_letter_is_and_a_format_warren_cannot_lay_out_is_not_edited,
 );
 
 /// Where `.ci/interop-setup` installed the producers.
@@ -703,6 +704,205 @@ async fn cloudevents_are_retried_and_dead_lettered_as_they_came<B: Backend>() {
             assert_eq!(header("x-warren-format").as_deref(), Some("cloudevents"));
         }
     }
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// An application's own format, which warren cannot lay out: a JSON body
+/// under the content type `application/x-tagged`, its id the AMQP
+/// `message_id`.
+#[derive(Debug)]
+struct Tagged;
+
+impl warren::format::Format for Tagged {
+    fn name(&self) -> &'static str {
+        "tagged"
+    }
+
+    fn read(
+        &self,
+        incoming: &warren::format::Incoming<'_>,
+    ) -> Result<warren::format::Read, warren::format::Refusal> {
+        use warren::admin::DeadLetterReason;
+        use warren::format::{Identity, InvalidMessage, Read, Refusal};
+        if incoming.content_type != Some("application/x-tagged") {
+            return Err(Refusal::NotMine(InvalidMessage::new(
+                DeadLetterReason::InvalidContentType,
+                "not application/x-tagged",
+            )));
+        }
+        let invalid = |detail: &str| {
+            Refusal::Invalid(InvalidMessage::new(DeadLetterReason::InvalidJson, detail))
+        };
+        let payload = serde_json::from_slice(incoming.body).map_err(|_| invalid("not JSON"))?;
+        let id = incoming
+            .message_id
+            .ok_or_else(|| invalid("no message_id"))?;
+        let mut read = Read::new("tagged", "test.job".into(), 1, payload);
+        read.identity = Some(Identity::Given(id.to_owned()));
+        Ok(read)
+    }
+}
+
+/// The stored dead letters, each under the format warren read it in (its
+/// `x-warren-format` header).
+async fn letters_by_format<B: Backend>(
+    db: &crate::util::TestDb<B>,
+) -> BTreeMap<String, warren::store::DeadLetterRecord> {
+    use warren::store::{DeadLetterStore, LetterFilter};
+    let mut records = BTreeMap::new();
+    let letters = db
+        .store
+        .dead_letters(&LetterFilter::default(), None, 20)
+        .await
+        .unwrap();
+    for letter in letters {
+        let record = db
+            .store
+            .dead_letter(&letter.letter_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let format = record
+            .header_texts()
+            .into_iter()
+            .find(|(name, _)| name == "x-warren-format")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        records.insert(format, record);
+    }
+    records
+}
+
+/// Refuses every job for good, whatever its payload.
+async fn refuse_any<B: Backend>(
+    _: Message<serde_json::Value>,
+    _: &mut Tx<B>,
+) -> Result<(), HandlerError> {
+    Err(HandlerError::permanent("refused for the test"))
+}
+
+/// A structured CloudEvent (the CloudEvents SDK), a MassTransit envelope
+/// (pika) and a message in an application's own format, each refused by its
+/// handler and stored as a dead letter. An operator's edit of the first two
+/// may change their payload, never who they are: the event's `id` or
+/// `source`, MassTransit's `messageId` (the inbox would take the replay for
+/// another message). The third is not edited at all: warren does not know
+/// where its payload is or what names it.
+async fn an_edit_keeps_who_a_foreign_letter_is_and_a_format_warren_cannot_lay_out_is_not_edited<
+    B: Backend,
+>() {
+    use warren::admin::{EditError, Ingester, edit_letter, set_payload_fields};
+    use warren::lapin::BasicProperties;
+    use warren::store::{Actor, DeadLetterStore};
+
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_formats(
+            Formats::new()
+                .then(Tagged)
+                .then(CloudEvents::new().version_from(VersionFrom::Fixed(1)))
+                .then(MassTransit::new().message_type(
+                    "urn:message:Warren.Tests:Job",
+                    "test.job",
+                    1,
+                )),
+        )
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    produce("cloudevents-structured", &broker, "test.job", 1);
+    produce("pika-masstransit", &broker, "test.job", 1);
+    let tagged_id = format!("tag-{}", broker.name);
+    broker
+        .publish_raw(
+            br#"{"n":1}"#,
+            BasicProperties::default()
+                .with_content_type("application/x-tagged".into())
+                .with_message_id(tagged_id.as_str().into()),
+        )
+        .await;
+
+    let registry = Registry::<B>::new().route("test.job", 1, refuse_any::<B>);
+    let running = Running::start(Consumer::new(config.clone(), db.store.clone(), registry));
+    // Each producer sent its message twice; the tagged one came once.
+    assert!(running.settled(5, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+
+    let ingesting = crate::util::Ingesting::start(Ingester::new(db.store.clone(), &config));
+    let formats = ["cloudevents", "masstransit", "tagged"];
+    let stored = wait_for(Duration::from_secs(60), || async {
+        let records = letters_by_format(&db).await;
+        formats.iter().all(|f| records.contains_key(*f))
+    })
+    .await;
+    ingesting.stop().await;
+    let records = letters_by_format(&db).await;
+    assert!(stored, "a letter of each format: {:?}", records.keys());
+
+    let ana = Actor::new("ana");
+    let edit = |body: &serde_json::Value| serde_json::to_vec(body).unwrap();
+    for (format, members) in [
+        ("cloudevents", &["id", "source"][..]),
+        ("masstransit", &["messageId"][..]),
+    ] {
+        let record = &records[format];
+        let id = &record.letter.letter_id;
+        let body: serde_json::Value = serde_json::from_slice(record.body_to_send()).unwrap();
+        for member in members {
+            let mut other = body.clone();
+            other[*member] = serde_json::json!("someone-else");
+            let refused = edit_letter(&db.store, id, &edit(&other), "why", &ana)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(refused, EditError::MessageIdChanged(_)),
+                "{format}, {member}: {refused}"
+            );
+        }
+        // The payload may change; who it is stays.
+        let fixed = set_payload_fields(record, &[("note".into(), "fixed".into())]).unwrap();
+        edit_letter(&db.store, id, &fixed, "fix", &ana)
+            .await
+            .unwrap();
+        let edited = db.store.dead_letter(id).await.unwrap().unwrap();
+        let after: serde_json::Value = serde_json::from_slice(edited.body_to_send()).unwrap();
+        for member in members {
+            assert_eq!(after[*member], body[*member], "{format}: {member}");
+        }
+        let payload = if format == "cloudevents" {
+            "data"
+        } else {
+            "message"
+        };
+        assert_eq!(after[payload]["note"], "fixed", "{format}: {after}");
+    }
+
+    let tagged = &records["tagged"];
+    assert_eq!(tagged.letter.message_id, tagged_id);
+    let refused = edit_letter(
+        &db.store,
+        &tagged.letter.letter_id,
+        br#"{"n":2}"#,
+        "why",
+        &ana,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(refused, EditError::UnknownFormat(_)), "{refused}");
+    assert!(refused.to_string().contains("\"tagged\""), "{refused}");
+    let why = set_payload_fields(tagged, &[("n".into(), "2".into())]).unwrap_err();
+    assert!(why.contains("\"tagged\""), "{why}");
+    let unchanged = db
+        .store
+        .dead_letter(&tagged.letter.letter_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(unchanged.body_to_send(), br#"{"n":1}"#);
 
     broker.cleanup().await;
     db.drop_db().await;

@@ -13,7 +13,9 @@ store_trait! {
         /// Takes up to `limit` unpublished rows in order, passes them to `publish`,
         /// and records each row's outcome. On PostgreSQL the rows stay locked
         /// (`FOR UPDATE SKIP LOCKED`) until the outcomes are recorded, so another relay
-        /// skips them. Returns the number of rows handed to `publish`.
+        /// skips them. A row whose stored properties cannot be read is
+        /// marked failed without being handed to `publish`. Returns the
+        /// number of rows taken, those included.
         fn relay_batch<'a, F, Fut>(
             &'a self,
             limit: usize,

@@ -12,6 +12,7 @@ use crate::util::{Backend, Job, Mode, Running, TestBroker, routes, wait_for};
 on_all_backends!(
     trace_tells_a_retry_a_duplicate_and_the_event_downstream,
     trace_finds_a_cloudevent_by_its_source_and_id,
+    trace_finds_a_message_without_an_id_by_its_derived_key,
 );
 
 fn outcomes(journal: &serde_json::Value, consumer: &str) -> Vec<String> {
@@ -201,6 +202,88 @@ async fn trace_finds_a_cloudevent_by_its_source_and_id<B: Backend>() {
     }
     // Without --source the id alone is another message: never received.
     let out = warren(&["trace", &id, "--database-url", &db.url]).await;
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("never received by a consumer"), "{stdout}");
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Paid {
+    invoice_id: String,
+}
+
+async fn paid<B: Backend>(
+    msg: warren::Message<Paid>,
+    tx: &mut warren::Tx<B>,
+) -> Result<(), warren::HandlerError> {
+    assert!(!msg.payload.invoice_id.is_empty());
+    B::insert_effect(tx, &msg.meta.message_id).await?;
+    Ok(())
+}
+
+/// A bare payload sent twice without an id is keyed by what its route
+/// derives (`{invoiceId}:paid`); `warren trace KEY --derived-key` finds it by
+/// that key, and the journal's rows name it.
+async fn trace_finds_a_message_without_an_id_by_its_derived_key<B: Backend>() {
+    use warren::format::{Bare, Formats, VersionFrom};
+    use warren::lapin::BasicProperties;
+
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    let config = broker
+        .builder()
+        .with_formats(Formats::new().then(Bare::new().version_from(VersionFrom::Fixed(1))))
+        .build()
+        .unwrap();
+    broker.declare_config(&config).await;
+    let invoice = format!("inv_{}", broker.name);
+    let body = serde_json::to_vec(&serde_json::json!({ "invoiceId": invoice })).unwrap();
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_type("test.paid".into());
+    for _ in 0..2 {
+        broker.publish_raw(&body, properties.clone()).await;
+    }
+    let registry = routes::<B>().route_keyed(
+        "test.paid",
+        1,
+        |p: &Paid| format!("{}:paid", p.invoice_id),
+        paid::<B>,
+    );
+    let running = Running::start(Consumer::new(config.clone(), db.store.clone(), registry));
+    assert!(running.settled(2, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+    let key = format!("{invoice}:paid");
+    assert_eq!(db.effects_for(&format!("~key:{key}")).await, 1);
+
+    let out = warren(&[
+        "trace",
+        &key,
+        "--derived-key",
+        "--database-url",
+        &db.url,
+        "--json",
+    ])
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(tree["message_id"], format!("~key:{key}"), "{tree:#}");
+    assert_eq!(tree["received"].as_array().unwrap().len(), 1, "{tree:#}");
+    assert_eq!(
+        outcomes(&tree["journal"], config.name()),
+        ["duplicate"],
+        "{tree:#}"
+    );
+    let who = format!("derived key {key:?}");
+    for row in tree["journal"].as_array().unwrap() {
+        assert!(row["detail"].as_str().unwrap().starts_with(&who), "{row:#}");
+    }
+    // The key alone, without --derived-key, names no message received.
+    let out = warren(&["trace", &key, "--database-url", &db.url]).await;
     let (stdout, _) = text(&out);
     assert!(stdout.contains("never received by a consumer"), "{stdout}");
 
