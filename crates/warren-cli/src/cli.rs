@@ -91,7 +91,9 @@ pub(crate) enum Command {
     /// journal and the dead-letter store), and the outbox events it caused,
     /// with whether each was published. From the databases alone.
     Trace {
-        /// The message id.
+        /// The message id: the producer's, or the key warren lists it under
+        /// (`~ce:...`, `~key:...`). A producer's id that starts with `~` is
+        /// found too (warren keeps it as `~~...`).
         #[arg(value_parser = checked("MESSAGE_ID", input::message_id))]
         message_id: String,
         /// postgres://..., mysql://... or sqlite://PATH; repeat it to look in

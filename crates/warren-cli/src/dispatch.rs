@@ -116,17 +116,27 @@ pub(crate) async fn run(cli: Cli) -> Result<(), CliError> {
             json,
         } => {
             use warren::format::Identity;
-            // The key warren journals and dedups the message by.
-            let key = match (source, derived_key) {
-                (Some(source), _) => Identity::CloudEvent {
-                    source,
-                    id: message_id,
+            // The keys warren may journal and dedup the message by, in the
+            // order they are tried.
+            let keys = match (source, derived_key) {
+                (Some(source), _) => vec![
+                    Identity::CloudEvent {
+                        source,
+                        id: message_id,
+                    }
+                    .key(),
+                ],
+                (None, true) => vec![Identity::Derived(message_id).key()],
+                // An id that starts with `~` is either a key as warren shows
+                // it (`~key:...`, `~ce:...`) or a producer's own id, which
+                // warren keeps with one more `~` in front.
+                (None, false) if message_id.starts_with('~') => {
+                    let escaped = Identity::Given(message_id.clone()).key();
+                    vec![message_id, escaped]
                 }
-                .key(),
-                (None, true) => Identity::Derived(message_id).key(),
-                (None, false) => message_id,
+                (None, false) => vec![message_id],
             };
-            run_trace(&database_urls, &key, follow, json).await?;
+            run_trace(&database_urls, &keys, follow, json).await?;
         }
         Command::Inbox {
             database_url,

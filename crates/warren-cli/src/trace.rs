@@ -94,12 +94,13 @@ impl Db {
     }
 }
 
-/// Traces `message_id` in every database of `urls` and prints the tree, or
-/// JSON. Fails if a database cannot be read; a message found nowhere is not
-/// a failure, and is said so.
+/// Traces a message in every database of `urls` and prints the tree, or
+/// JSON: under the first of `keys` that any database remembers, or under the
+/// first if none does. Fails if a database cannot be read; a message found
+/// nowhere is not a failure, and is said so.
 pub(crate) async fn run_trace(
     urls: &[DatabaseUrl],
-    message_id: &str,
+    keys: &[String],
     follow: bool,
     json_out: bool,
 ) -> Result<(), CliError> {
@@ -107,8 +108,18 @@ pub(crate) async fn run_trace(
     for url in urls {
         dbs.push((url.redacted(), Db::open(url).await?));
     }
-    let mut seen = HashSet::new();
-    let tree = trace(&dbs, message_id, follow, 0, &mut seen).await?;
+    let mut tree = Value::Null;
+    for key in keys {
+        let mut seen = HashSet::new();
+        let found = trace(&dbs, key, follow, 0, &mut seen).await?;
+        let remembered = remembered(&found);
+        if tree.is_null() || remembered {
+            tree = found;
+        }
+        if remembered {
+            break;
+        }
+    }
     if json_out {
         println!("{}", warren::admin::printable_json_pretty(&tree));
     } else {
@@ -117,6 +128,14 @@ pub(crate) async fn run_trace(
         print!("{out}");
     }
     Ok(())
+}
+
+/// Whether any database remembers anything of the traced message.
+fn remembered(tree: &Value) -> bool {
+    !tree["published_by"].is_null()
+        || ["received", "journal", "dead_letters", "caused"]
+            .iter()
+            .any(|part| tree[part].as_array().is_some_and(|a| !a.is_empty()))
 }
 
 fn at(t: DateTime<Utc>) -> String {

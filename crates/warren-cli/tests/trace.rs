@@ -13,6 +13,7 @@ on_all_backends!(
     trace_tells_a_retry_a_duplicate_and_the_event_downstream,
     trace_finds_a_cloudevent_by_its_source_and_id,
     trace_finds_a_message_without_an_id_by_its_derived_key,
+    trace_finds_a_producers_id_that_starts_with_a_tilde,
 );
 
 fn outcomes(journal: &serde_json::Value, consumer: &str) -> Vec<String> {
@@ -204,6 +205,18 @@ async fn trace_finds_a_cloudevent_by_its_source_and_id<B: Backend>() {
     let out = warren(&["trace", &id, "--database-url", &db.url]).await;
     let (stdout, _) = text(&out);
     assert!(stdout.contains("never received by a consumer"), "{stdout}");
+    // The key as warren lists it finds the event too.
+    let key = tree["message_id"].as_str().unwrap();
+    let out = warren(&["trace", key, "--database-url", &db.url, "--json"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let by_key: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(by_key["message_id"], key, "{by_key:#}");
+    assert_eq!(
+        by_key["received"].as_array().unwrap().len(),
+        1,
+        "{by_key:#}"
+    );
 
     broker.cleanup().await;
     db.drop_db().await;
@@ -286,6 +299,55 @@ async fn trace_finds_a_message_without_an_id_by_its_derived_key<B: Backend>() {
     let out = warren(&["trace", &key, "--database-url", &db.url]).await;
     let (stdout, _) = text(&out);
     assert!(stdout.contains("never received by a consumer"), "{stdout}");
+
+    broker.cleanup().await;
+    db.drop_db().await;
+}
+
+/// A producer's id that starts with `~` is kept as `~~` and the id (no
+/// producer's id can meet a key warren derives); `warren trace` finds the
+/// message by the producer's id and by the key warren keeps.
+async fn trace_finds_a_producers_id_that_starts_with_a_tilde<B: Backend>() {
+    let db = B::create().await;
+    let broker = TestBroker::new().await;
+    broker.declare().await;
+    let producer_id = format!("~{}", broker.name);
+    let message = TestBroker::message(&Job::ok()).with_message_id(&producer_id);
+    broker.publish(&message).await;
+    broker.publish(&message).await;
+    let running = Running::start(Consumer::new(
+        broker.config(),
+        db.store.clone(),
+        routes::<B>(),
+    ));
+    assert!(running.settled(2, Duration::from_secs(60)).await);
+    running.stop().await.unwrap();
+    let kept = format!("~{producer_id}");
+    assert_eq!(db.effects_for(&kept).await, 1);
+
+    for asked in [&producer_id, &kept] {
+        let out = warren(&["trace", asked, "--database-url", &db.url, "--json"]).await;
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stderr}");
+        let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(tree["message_id"], kept.as_str(), "{asked}: {tree:#}");
+        assert_eq!(tree["received"].as_array().unwrap().len(), 1, "{tree:#}");
+        assert_eq!(
+            outcomes(&tree["journal"], broker.config().name()),
+            ["duplicate"],
+            "{tree:#}"
+        );
+    }
+    // Another id that starts with `~`, never sent: said so, under the id asked.
+    let never = format!("~never-{}", broker.name);
+    let out = warren(&["trace", &never, "--database-url", &db.url]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("never received by a consumer"), "{stdout}");
+    assert!(
+        stdout.contains(&never) && !stdout.contains(&format!("~{never}")),
+        "{stdout}"
+    );
 
     broker.cleanup().await;
     db.drop_db().await;
