@@ -26,6 +26,16 @@ fn outcomes(journal: &serde_json::Value, consumer: &str) -> Vec<String> {
         .collect()
 }
 
+/// `warren trace ARGS... --json`, which must succeed, as JSON.
+async fn trace_json(args: &[&str]) -> serde_json::Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let out = warren(&args).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
 async fn trace_tells_a_retry_a_duplicate_and_the_event_downstream<B: Backend>() {
     let upstream_db = B::create().await;
     let downstream_db = B::create().await;
@@ -67,7 +77,7 @@ async fn trace_tells_a_retry_a_duplicate_and_the_event_downstream<B: Backend>() 
     upstream.stop().await.unwrap();
     downstream.stop().await.unwrap();
 
-    let out = warren(&[
+    let tree = trace_json(&[
         "trace",
         &message_id,
         "--database-url",
@@ -75,12 +85,8 @@ async fn trace_tells_a_retry_a_duplicate_and_the_event_downstream<B: Backend>() 
         "--database-url",
         &downstream_db.url,
         "--follow",
-        "--json",
     ])
     .await;
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
-    let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(tree["message_id"], message_id.as_str());
     let received = tree["received"].as_array().unwrap();
     assert_eq!(received.len(), 1, "applied once: {tree:#}");
@@ -176,19 +182,7 @@ async fn trace_finds_a_cloudevent_by_its_source_and_id<B: Backend>() {
     assert!(running.settled(2, Duration::from_secs(60)).await);
     running.stop().await.unwrap();
 
-    let out = warren(&[
-        "trace",
-        &id,
-        "--source",
-        &source,
-        "--database-url",
-        &db.url,
-        "--json",
-    ])
-    .await;
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
-    let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let tree = trace_json(&["trace", &id, "--source", &source, "--database-url", &db.url]).await;
     assert!(
         tree["message_id"].as_str().unwrap().starts_with("~ce:"),
         "{tree:#}"
@@ -207,10 +201,7 @@ async fn trace_finds_a_cloudevent_by_its_source_and_id<B: Backend>() {
     assert!(stdout.contains("never received by a consumer"), "{stdout}");
     // The key as warren lists it finds the event too.
     let key = tree["message_id"].as_str().unwrap();
-    let out = warren(&["trace", key, "--database-url", &db.url, "--json"]).await;
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
-    let by_key: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let by_key = trace_json(&["trace", key, "--database-url", &db.url]).await;
     assert_eq!(by_key["message_id"], key, "{by_key:#}");
     assert_eq!(
         by_key["received"].as_array().unwrap().len(),
@@ -272,18 +263,7 @@ async fn trace_finds_a_message_without_an_id_by_its_derived_key<B: Backend>() {
     let key = format!("{invoice}:paid");
     assert_eq!(db.effects_for(&format!("~key:{key}")).await, 1);
 
-    let out = warren(&[
-        "trace",
-        &key,
-        "--derived-key",
-        "--database-url",
-        &db.url,
-        "--json",
-    ])
-    .await;
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
-    let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let tree = trace_json(&["trace", &key, "--derived-key", "--database-url", &db.url]).await;
     assert_eq!(tree["message_id"], format!("~key:{key}"), "{tree:#}");
     assert_eq!(tree["received"].as_array().unwrap().len(), 1, "{tree:#}");
     assert_eq!(
@@ -326,10 +306,7 @@ async fn trace_finds_a_producers_id_that_starts_with_a_tilde<B: Backend>() {
     assert_eq!(db.effects_for(&kept).await, 1);
 
     for asked in [&producer_id, &kept] {
-        let out = warren(&["trace", asked, "--database-url", &db.url, "--json"]).await;
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "{stderr}");
-        let tree: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let tree = trace_json(&["trace", asked, "--database-url", &db.url]).await;
         assert_eq!(tree["message_id"], kept.as_str(), "{asked}: {tree:#}");
         assert_eq!(tree["received"].as_array().unwrap().len(), 1, "{tree:#}");
         assert_eq!(
