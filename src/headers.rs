@@ -18,10 +18,8 @@ pub(crate) use copies::{
     Origin, copy_base, dead_letter_copy, onward_copy, original_route, park_copy, rebuild,
     retry_copy,
 };
-pub(crate) use fit::{
-    DEFAULT_FRAME_MAX, LARGEST_OWN_HEADERS, MAX_ERROR_LEN, SMALLEST_OWN_HEADERS, check_frame_size,
-    seal,
-};
+pub(crate) use fit::{DEFAULT_FRAME_MAX, MAX_ERROR_LEN, check_frame_size, seal};
+pub use fit::{LARGEST_OWN_HEADERS, SMALLEST_OWN_HEADERS};
 pub use names::*;
 pub(crate) use signer::Signer;
 

@@ -81,7 +81,8 @@
 /// folder that a user of the library needs, included here so that their
 /// examples compile as doc-tests. The guides about the repository itself
 /// (performance, the cluster, billing, chaos, the architecture, the suite)
-/// stay in `docs/` on their own.
+/// stay in `docs/` on their own; the doctor's is the `warren_doctor`
+/// crate's.
 pub mod guide {
     #[doc = include_str!("../docs/handlers.md")]
     pub mod handlers {}
@@ -101,8 +102,6 @@ pub mod guide {
     pub mod production {}
     #[doc = include_str!("../docs/tracing.md")]
     pub mod tracing {}
-    #[doc = include_str!("../docs/doctor.md")]
-    pub mod doctor {}
     #[doc = include_str!("../docs/cli.md")]
     pub mod cli {}
     #[doc = include_str!("../docs/tls.md")]
@@ -122,7 +121,6 @@ mod database_url;
 mod dead_letter;
 mod dispatcher;
 mod disposition;
-pub mod doctor;
 pub mod envelope;
 mod error;
 pub mod failpoint;
@@ -192,7 +190,7 @@ pub mod admin {
     }
     pub use crate::relay_config::DEFAULT_RETENTION;
     pub use crate::retention::{
-        DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, purge_inbox,
+        DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, cutoff, purge_inbox,
     };
 }
 

@@ -62,7 +62,7 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(1000 * 365 * 86_400);
 
 /// The instant `window` before now, or `None` if the window is longer than
 /// [`MAX_RETENTION`] (subtracting it unchecked overflows the date and panics).
-pub(crate) fn cutoff(window: Duration) -> Option<chrono::DateTime<Utc>> {
+pub fn cutoff(window: Duration) -> Option<chrono::DateTime<Utc>> {
     if window > MAX_RETENTION {
         return None;
     }

@@ -295,7 +295,7 @@ async fn the_doctor_reads_a_management_api_over_https_with_the_private_ca() {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use warren::doctor::{BrokerAccess, Management};
+    use warren_doctor::{BrokerAccess, Management};
 
     let Some(dir) = tls_dir() else { return };
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))

@@ -183,6 +183,17 @@ impl ConsumerConfig {
         &self.outgoing
     }
 
+    /// The stand-in queues declared at start for downstream consumers.
+    pub fn stand_ins(&self) -> &[BindingSpec] {
+        &self.stand_ins
+    }
+
+    /// Whether the queue has one active consumer at a time (a partition
+    /// queue's consumer).
+    pub fn single_active_consumer(&self) -> bool {
+        self.single_active_consumer
+    }
+
     /// The queue type of the main and dead-letter queues.
     pub fn queue_type(&self) -> QueueType {
         self.queue_type

@@ -24,18 +24,19 @@ const FRAME_MARGIN: usize = 2048;
 /// The frame size assumed when a connection reports none (RabbitMQ's default).
 pub(crate) const DEFAULT_FRAME_MAX: usize = 128 * 1024;
 
-/// warren's own headers on a copy at their largest, with the room kept
-/// around them: three texts of [`MAX_ERROR_LEN`] (the error, the last error,
-/// the gated entity), the original route (two short strings), the names of
-/// dropped headers (cut to 1000 bytes), letter id and digest, about 1 KB of
-/// counts, times and names.
-pub(crate) const LARGEST_OWN_HEADERS: usize =
+/// warren's own headers on a copy at their largest, in bytes, with the room
+/// kept around them: three error texts at their longest (the error, the last
+/// error, the gated entity), the original route (two short strings), the
+/// names of dropped headers (cut to 1000 bytes), letter id and digest, about
+/// 1 KB of counts, times and names. A broker's frame size should leave room
+/// for these beside the producer's own headers.
+pub const LARGEST_OWN_HEADERS: usize =
     3 * MAX_ERROR_LEN + 2 * 255 + 1000 + 200 + 1024 + FRAME_MARGIN;
 
-/// The same with the error texts cut to [`SHRUNK_ERROR_LEN`], as [`fit`]
-/// cuts them: a frame smaller than this leaves no room for warren's own
-/// record, and a copy would lose its attempt count.
-pub(crate) const SMALLEST_OWN_HEADERS: usize =
+/// [`LARGEST_OWN_HEADERS`] with the error texts cut as short as warren cuts
+/// them to fit a frame: a frame smaller than this leaves no room for
+/// warren's own record, and a copy would lose its attempt count.
+pub const SMALLEST_OWN_HEADERS: usize =
     3 * SHRUNK_ERROR_LEN + 2 * 255 + 1000 + 200 + 1024 + FRAME_MARGIN;
 
 /// Finishes a copy: makes its headers fit a frame of `frame_max` bytes, then

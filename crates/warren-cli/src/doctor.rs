@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 use warren::admin::DatabaseUrl;
-use warren::doctor::{
+use warren::{MySqlStore, PgStore, SqliteStore};
+use warren_doctor::{
     BrokerAccess, Check, DatabaseExpectations, Report, Status, check_consumers, check_database,
 };
-use warren::{MySqlStore, PgStore, SqliteStore};
 
 use crate::CliError;
 use crate::cli::{ConsumerArgs, DatabaseUrlParser};

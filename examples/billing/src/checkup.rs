@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use warren::doctor::{
+use warren_doctor::{
     BrokerAccess, Check, DatabaseExpectations, Status, check_consumers, check_database,
 };
 

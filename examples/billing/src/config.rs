@@ -314,10 +314,10 @@ impl Config {
         if let Some(url) = &raw.management_url {
             // The same check the checks at start make, so a bad value stops
             // the program here, with the key named.
-            warren::doctor::Management::new(&warren::doctor::BrokerAccess {
+            warren_doctor::Management::new(&warren_doctor::BrokerAccess {
                 amqp_url: amqp_url.clone(),
                 management_url: Some(url.clone()),
-                ..warren::doctor::BrokerAccess::default()
+                ..warren_doctor::BrokerAccess::default()
             })
             .map_err(|e| format!("management_url: {e}"))?;
         }

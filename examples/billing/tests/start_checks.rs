@@ -6,7 +6,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use warren::doctor::{BrokerAccess, Management};
+use warren_doctor::{BrokerAccess, Management};
 
 mod common;
 use common::*;

@@ -8,8 +8,8 @@ use super::effective::{DeliveryLimit, Setting, Source, delivery_limit, effective
 use super::facts::QueueFacts;
 use super::report::{Check, Status};
 use super::version::{NegativeLimit, Version};
-use crate::config::ConsumerConfig;
-use crate::topology::{ArgValue, QueueSpec};
+use warren::ConsumerConfig;
+use warren::topology::{ArgValue, QueueSpec};
 
 /// What a queue is to the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub(super) enum Role {
 
 impl Role {
     pub(super) fn of(config: &ConsumerConfig, spec: &QueueSpec) -> Self {
-        if config.stand_ins.iter().any(|s| s.queue == spec.name) {
+        if config.stand_ins().iter().any(|s| s.queue == spec.name) {
             Role::StandIn
         } else if spec.name.ends_with(".dead-letter") {
             Role::DeadLetter
@@ -166,7 +166,7 @@ pub(super) fn queue_checks(
             .fix("exclude warren's queues from the policy that sets expires"),
         );
     }
-    if config.single_active_consumer && role == Role::Main {
+    if config.single_active_consumer() && role == Role::Main {
         let on = queue.arguments.get("x-single-active-consumer") == Some(&Value::Bool(true));
         checks.push(if on {
             Check::new(

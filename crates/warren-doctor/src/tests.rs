@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::*;
-use crate::ConsumerConfig;
-use crate::retry::RetryPolicy;
+use warren::ConsumerConfig;
+use warren::retry::RetryPolicy;
 
 fn recorded(version: &str) -> ApiFacts {
     let text = match version {
@@ -247,7 +247,7 @@ fn a_retry_handoff_resent_late_is_a_warning_with_the_setting_to_change() {
     assert_eq!(with(Some(15_000)).status, Status::Pass);
     // Classic tiers hand nothing back through the worker.
     let classic = ConsumerConfig::builder("rec", "rec.orders")
-        .with_queue_type(crate::topology::QueueType::Classic)
+        .with_queue_type(warren::topology::QueueType::Classic)
         .build()
         .unwrap();
     let mut f = facts("3.10.8");
@@ -358,7 +358,7 @@ fn a_partitioned_consumer_needs_the_plugin_and_an_intact_ring() {
     let mut f = facts("3.10.8");
     let api = f.api.as_mut().unwrap();
     api.exchange_types.retain(|t| t != "x-consistent-hash");
-    for queue in crate::topology::Topology::for_consumer(&config).queue_names() {
+    for queue in warren::topology::Topology::for_consumer(&config).queue_names() {
         api.queues.insert(queue.to_owned(), None);
     }
     f.connection = Some(ConnectionFacts {

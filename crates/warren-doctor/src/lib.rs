@@ -24,6 +24,13 @@
 //! are tested on responses recorded from each version's documented
 //! behaviour.
 
+// The guide's examples (docs/doctor.md in the repository) compile as this
+// crate's doc-tests; the guide is not part of the package, and a package
+// build never reads it.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/doctor.md")]
+pub struct Guide;
+
 mod broker_checks;
 mod database;
 mod effective;
@@ -47,7 +54,7 @@ pub use version::{NegativeLimit, TimeoutAction, Version};
 
 /// The broker checks of every consumer in `configs`, each gathered and
 /// checked in turn; the broker-wide findings that repeat are kept once.
-pub async fn check_consumers(configs: &[crate::ConsumerConfig], access: &BrokerAccess) -> Report {
+pub async fn check_consumers(configs: &[warren::ConsumerConfig], access: &BrokerAccess) -> Report {
     let mut report = Report::default();
     for config in configs {
         let facts = gather(config, access).await;

@@ -9,8 +9,8 @@ use super::node_checks::{consumer_timeout, frame_size, max_message_size, retry_h
 use super::queue_checks::{Role, queue_checks};
 use super::report::{Check, Status};
 use super::version::NegativeLimit;
-use crate::config::ConsumerConfig;
-use crate::topology::Topology;
+use warren::ConsumerConfig;
+use warren::topology::Topology;
 
 pub(super) const BROKER: &str = "broker";
 
@@ -215,7 +215,7 @@ fn version_checks(api: &ApiFacts) -> Vec<Check> {
 }
 
 fn hash_plugin(api: &ApiFacts) -> Check {
-    let ty = crate::broker::ring::EXCHANGE_TYPE;
+    let ty = warren::broker::ring::EXCHANGE_TYPE;
     if api.exchange_types.iter().any(|t| t == ty) {
         Check::new(
             "consistent-hash-plugin",
@@ -232,7 +232,7 @@ fn hash_plugin(api: &ApiFacts) -> Check {
         )
         .fix(format!(
             "rabbitmq-plugins enable {}",
-            crate::broker::ring::PLUGIN
+            warren::broker::ring::PLUGIN
         ))
     }
 }

@@ -9,9 +9,9 @@ use serde_json::Value;
 use url::Url;
 
 use super::facts::{ApiFacts, BrokerFacts, ConnectionFacts, NodeSettings, QueueFacts};
-use crate::config::ConsumerConfig;
-use crate::tls::TlsOptions;
-use crate::topology::Topology;
+use warren::ConsumerConfig;
+use warren::tls::TlsOptions;
+use warren::topology::Topology;
 
 /// How long one question to the broker may take.
 const ASK_TIMEOUT: Duration = Duration::from_secs(15);
@@ -66,21 +66,21 @@ impl Management {
     /// virtual host of its AMQP URL (the first, where it lists a cluster's
     /// nodes).
     pub fn new(access: &BrokerAccess) -> Result<Self, String> {
-        let first = crate::admin::split_url_list(&access.amqp_url)
+        let first = warren::admin::split_url_list(&access.amqp_url)
             .first()
             .copied()
             .unwrap_or_default();
         let amqp: AMQPUri = first.parse().map_err(|e| {
             format!(
                 "the AMQP URL {:?} does not parse: {e}",
-                crate::admin::redact_url(first)
+                warren::admin::redact_url(first)
             )
         })?;
         let mut base = match &access.management_url {
             Some(url) => Url::parse(url).map_err(|e| {
                 format!(
                     "the management URL {:?} does not parse: {e}",
-                    crate::admin::redact_url(url)
+                    warren::admin::redact_url(url)
                 )
             })?,
             None => {
@@ -392,7 +392,7 @@ pub async fn gather(config: &ConsumerConfig, access: &BrokerAccess) -> BrokerFac
     }
     let connected = tokio::time::timeout(
         ASK_TIMEOUT,
-        crate::broker::connect_with_tls(&access.amqp_url, "warren doctor", &access.tls),
+        warren::broker::connect_with_tls(&access.amqp_url, "warren doctor", &access.tls),
     )
     .await;
     match connected {
@@ -400,13 +400,13 @@ pub async fn gather(config: &ConsumerConfig, access: &BrokerAccess) -> BrokerFac
             let frame_max = connection.configuration().frame_max();
             let ring = match &topology.ring {
                 Some(ring) => Some(
-                    crate::broker::ring::check(&connection, ring)
+                    warren::broker::ring::check(&connection, ring)
                         .await
                         .map_err(|e| e.to_string()),
                 ),
                 None => None,
             };
-            crate::broker::close_connection(&connection, "doctor done").await;
+            warren::broker::close_connection(&connection, "doctor done").await;
             facts.connection = Some(ConnectionFacts { frame_max, ring });
         }
         Ok(Err(e)) => facts.connection_missing = Some(format!("cannot connect: {e}")),

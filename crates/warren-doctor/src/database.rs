@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use super::report::{Check, Status};
-use crate::store::{Checkup, DeadLetterStore, OutboxStore};
+use warren::store::{Checkup, DeadLetterStore, OutboxStore};
 
 const DATABASE: &str = "database";
 
@@ -195,7 +195,7 @@ fn is_missing_table(error: &str) -> bool {
 async fn inbox<S: Checkup>(store: &S, expect: &DatabaseExpectations) -> Check {
     let window = expect.inbox_retention;
     let cutoff = window
-        .and_then(crate::retention::cutoff)
+        .and_then(warren::admin::cutoff)
         // Without a window only the count matters; any date every database
         // stores will do.
         .unwrap_or(chrono::DateTime::<Utc>::UNIX_EPOCH);

@@ -11,10 +11,10 @@ use super::effective::{Setting, effective};
 use super::facts::BrokerFacts;
 use super::report::{Check, Status};
 use super::version::{TimeoutAction, Version};
-use crate::config::ConsumerConfig;
-use crate::headers::{LARGEST_OWN_HEADERS, SMALLEST_OWN_HEADERS};
-use crate::topology::{QueueType, Topology};
-use crate::trace_context::{MAX_BAGGAGE_BYTES, MAX_TRACESTATE_BYTES};
+use warren::ConsumerConfig;
+use warren::headers::{LARGEST_OWN_HEADERS, SMALLEST_OWN_HEADERS};
+use warren::topology::{QueueType, Topology};
+use warren::trace_context::{MAX_BAGGAGE_BYTES, MAX_TRACESTATE_BYTES};
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -30,9 +30,9 @@ pub(super) fn consumer_timeout(
     // its time limit, a suspect's solo run is rolled back at its timeout.
     // The doctor does not know the store: SQLite's default limit counts.
     let batch_time_limit = config
-        .batch_time_limit
-        .unwrap_or(crate::config::DEFAULT_BATCH_TIME_LIMIT);
-    let hold = batch_time_limit.max(config.solo_timeout);
+        .batch_time_limit()
+        .unwrap_or(warren::config::DEFAULT_BATCH_TIME_LIMIT);
+    let hold = batch_time_limit.max(config.solo_timeout());
     let queue_timeout = facts.api.as_ref().and_then(|api| {
         topology
             .queues
@@ -66,7 +66,7 @@ pub(super) fn consumer_timeout(
                     "the node's consumer_timeout could not be read: {}. warren assumes {} ms; \
                      it must stay above {} ms, the longest warren holds a delivery",
                     facts.node_missing.as_deref().unwrap_or("not asked"),
-                    ms(config.consumer_timeout),
+                    ms(config.consumer_timeout()),
                     ms(hold)
                 ),
             )
@@ -74,7 +74,7 @@ pub(super) fn consumer_timeout(
         }
     };
     let action = version.map(|v| {
-        v.consumer_timeout_action(config.queue_type == QueueType::Quorum)
+        v.consumer_timeout_action(config.queue_type() == QueueType::Quorum)
             .describe()
     });
     let Some(timeout) = timeout else {
@@ -86,7 +86,8 @@ pub(super) fn consumer_timeout(
         );
     };
     if version.is_some_and(|v| {
-        v.consumer_timeout_action(config.queue_type == QueueType::Quorum) == TimeoutAction::Ignored
+        v.consumer_timeout_action(config.queue_type() == QueueType::Quorum)
+            == TimeoutAction::Ignored
     }) {
         return Check::new(
             "consumer-timeout",
@@ -110,11 +111,11 @@ pub(super) fn consumer_timeout(
                  a slow batch would run again and again",
                 ms(hold),
                 ms(batch_time_limit),
-                ms(config.solo_timeout)
+                ms(config.solo_timeout())
             ),
         )
         .fix("raise consumer_timeout on the broker, or lower solo_timeout and batch_time_limit below it")
-    } else if timeout != ms(config.consumer_timeout) {
+    } else if timeout != ms(config.consumer_timeout()) {
         Check::new(
             "consumer-timeout",
             BROKER,
@@ -122,7 +123,7 @@ pub(super) fn consumer_timeout(
             format!(
                 "{timeout} ms ({from}), but the consumer is configured for {} ms, so it warns of \
                  slow handlers at the wrong time. When it fires the broker {fires}",
-                ms(config.consumer_timeout)
+                ms(config.consumer_timeout())
             ),
         )
         .fix(format!(
@@ -157,7 +158,7 @@ const RESEND_DEFAULT_MS: u64 = 180_000;
 /// warren's cluster campaigns: 180 s at the default, or longer).
 pub(super) fn retry_handoff(config: &ConsumerConfig, facts: &BrokerFacts) -> Check {
     const NAME: &str = "retry-handoff";
-    if config.queue_type != QueueType::Quorum || config.retry.tiers().is_empty() {
+    if config.queue_type() != QueueType::Quorum || config.retry().tiers().is_empty() {
         return Check::new(
             NAME,
             BROKER,
@@ -241,7 +242,7 @@ pub(super) fn max_message_size(
             );
         }
     };
-    let body = config.max_body_bytes as u64;
+    let body = config.max_body_bytes() as u64;
     if body > size {
         Check::new(
             "max-message-size",
