@@ -15,16 +15,15 @@
 //! number of orders (default 1000), `HOT_ROWS_LOCK_TIMEOUT_MS` the batches'
 //! lock timeout (default warren's).
 
-// It borrows the test support whole and uses a part of it.
-#![allow(clippy::print_stdout, missing_docs, unused, unreachable_pub)]
+#![allow(clippy::print_stdout, missing_docs)]
 
 use std::time::{Duration, Instant};
 
 use warren::Consumer;
 
-#[macro_use]
-#[path = "../tests/support/mod.rs"]
-mod util;
+// The fixtures shared by warren's tests, the CLI's and the benches
+// (crates/warren-test-support), as `crate::util::...`.
+use warren_test_support as util;
 
 use util::{Backend, Running, TestBroker, assert_stock, hot_orders, stock_routes, with_stock};
 

@@ -6,14 +6,15 @@ use std::time::Duration;
 /// Capped exponential backoff with jitter, for reconnecting to the broker and
 /// waiting out a database.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     first: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+    /// Steps from `first`, doubling up to `max`.
+    pub fn new(first: Duration, max: Duration) -> Self {
         Self {
             first,
             max,
@@ -23,13 +24,14 @@ impl Backoff {
 
     /// The next wait: between half and all of the current step, so that many
     /// clients do not reconnect in lockstep after a broker restart.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let step = self.next;
         self.next = (self.next * 2).min(self.max);
         step.mul_f64(0.5 + fastrand::f64() * 0.5)
     }
 
-    pub(crate) fn reset(&mut self) {
+    /// Back to the first step, after a success.
+    pub fn reset(&mut self) {
         self.next = self.first;
     }
 }

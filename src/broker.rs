@@ -9,18 +9,15 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-pub(crate) use guard::Pruned;
-
 mod acks;
-pub(crate) mod browse;
 pub mod guard;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod memory;
-mod port;
+pub(crate) mod port;
 mod publisher;
 pub mod ring;
 
-pub(crate) use port::{Amqp, Delivery, Port, Subscription};
+pub(crate) use port::{Delivery, Port, Subscription};
 pub use publisher::{BatchItem, Publisher};
 
 use crate::tls::{TlsError, TlsOptions};

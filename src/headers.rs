@@ -9,10 +9,10 @@
 //! moved, untouched, into one table header, [`HEADER_UNVERIFIED`], where operators
 //! still see it, labelled as not warren's.
 
-mod copies;
+pub(crate) mod copies;
 mod fit;
 mod names;
-mod signer;
+pub(crate) mod signer;
 
 pub(crate) use copies::{
     Origin, copy_base, dead_letter_copy, onward_copy, original_route, park_copy, rebuild,

@@ -130,7 +130,6 @@ pub mod handler;
 pub mod headers;
 mod idempotency;
 mod message;
-mod operator_input;
 #[cfg(feature = "otel")]
 pub mod otel;
 pub mod outbox;
@@ -155,43 +154,106 @@ pub mod topology;
 pub mod trace_context;
 pub mod version;
 
-/// Operator tooling: dead-letter queues (list, show, replay, purge), the
-/// dead-letter store (ingestion, replay from the table), inbox
-/// retention, database URLs, and making message-derived text safe to print.
-/// The `warren` binary is built from these.
+/// What the runtime shares with the operator tooling: the record a
+/// dead-lettered copy carries and the id of its failure, the dead-letter
+/// reasons, inbox retention, database URLs, and making message-derived text
+/// safe to print. The tools themselves (the dead-letter ingester, queue
+/// browsing and replay, the store's replays, edits, fingerprints, the
+/// operators' input rules) are the `warren_admin` crate's (package
+/// `warren-mq-admin`), which re-exports everything here: the `warren` CLI
+/// and the console are built on it.
 pub mod admin {
     pub use crate::database_url::{DatabaseUrl, redact_url, split_url_list};
-    pub use crate::dead_letter::{
-        CopyOutcome, DEFAULT_MAX_STORED_BODY, DEFAULT_OUTCOME_TIMEOUT, DEFAULT_RESOLVED_RETENTION,
-        DeadLetter, DeadLetterInfo, DeadLetterQueue, EditError, Ingester, MAX_REPLAY_RUN, REDACTED,
-        ReplayError, ReplayReport, Replayed, Replayer, Selection, edit_letter, error_shape,
-        fingerprint, letter_id, letter_id_of_content, purge_letters, replays_with_outcomes,
-        set_payload_fields, unstored_queue_name,
-    };
+    pub use crate::dead_letter::{DeadLetterInfo, letter_id, letter_id_of_content};
     pub use crate::failure::DeadLetterReason;
     pub use crate::printable::{
         printable, printable_bytes, printable_json, printable_json_pretty, printable_page,
     };
-
-    /// Every value an operator gives the console or the CLI, checked
-    /// against one rule before any store sees it: see [`Rule`](input::Rule)
-    /// for the rules, [`InputError`](input::InputError) for a refusal.
-    ///
-    /// ```
-    /// use warren::admin::input;
-    ///
-    /// assert_eq!(input::group("group", "9f2c41d07a5be613").unwrap(), "9f2c41d07a5be613");
-    /// let refused = input::text("event_type", "billing\0paid").unwrap_err();
-    /// assert_eq!(refused.parameter, "event_type");
-    /// assert!(refused.to_string().contains("no control character"));
-    /// ```
-    pub mod input {
-        pub use crate::operator_input::*;
-    }
     pub use crate::relay_config::DEFAULT_RETENTION;
     pub use crate::retention::{
         DEFAULT_REPLAY_MARGIN, MAX_RETENTION, PURGE_BATCH, check_window, cutoff, purge_inbox,
     };
+}
+
+/// The runtime's parts that warren's own crates build on: the broker session
+/// the dead-letter ingester consumes through, the signer of warren's
+/// headers, and the helpers the operators' tools share with the pipeline.
+/// Not part of warren's API and under no semver promise: `warren-mq-admin`
+/// depends on this exact version of warren.
+#[doc(hidden)]
+pub mod kit {
+    pub use crate::backoff::Backoff;
+    pub use crate::dead_letter::record::id_and_type;
+    pub use crate::headers::copies::copy_base;
+    pub use crate::headers::signer::Signer;
+    pub use crate::shutdown::cancel_on;
+    pub use crate::store::compare::{
+        JsonNumber, MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS, to_millisecond,
+    };
+
+    /// The broker session a consumer runs on, and the calls around it.
+    pub mod broker {
+        use std::future::Future;
+
+        use lapin::Channel;
+        use lapin::types::ShortString;
+
+        use crate::broker::BrokerError;
+        pub use crate::broker::port::{Amqp, Delivery, Port, Subscription};
+
+        /// Closes `channel` if it is still open, within the broker call timeout.
+        pub async fn close_channel(channel: &Channel, reason: &str) {
+            crate::broker::close_channel(channel, reason).await;
+        }
+
+        /// Runs a broker call within the call timeout, naming `what` if it ran out.
+        pub async fn deadline<T, E>(
+            what: &str,
+            call: impl Future<Output = Result<T, E>>,
+        ) -> Result<T, BrokerError>
+        where
+            BrokerError: From<E>,
+        {
+            crate::broker::deadline(what, call).await
+        }
+
+        /// `value` as an AMQP short string, or an error naming `field`.
+        pub fn short(field: &str, value: &str) -> Result<ShortString, BrokerError> {
+            crate::broker::short(field, value)
+        }
+    }
+
+    /// AMQP values as warren writes them in headers.
+    pub mod amqp {
+        use chrono::{DateTime, Utc};
+        use lapin::types::AMQPValue;
+
+        /// `s` cut to at most `max` bytes, on a character boundary.
+        pub fn truncate(s: &str, max: usize) -> &str {
+            crate::amqp::truncate(s, max)
+        }
+
+        /// A time as a header value.
+        pub fn time(t: DateTime<Utc>) -> AMQPValue {
+            crate::amqp::time(t)
+        }
+
+        /// Text as a header value.
+        pub fn text(s: &str) -> AMQPValue {
+            crate::amqp::text(s)
+        }
+    }
+
+    /// What the formats share with the operators' tools.
+    pub mod format {
+        /// The prefix of an id derived from a payload's key.
+        pub const DERIVED_PREFIX: &str = crate::format::DERIVED_PREFIX;
+
+        /// A content type's essence: lower case, no parameters.
+        pub fn essence(content_type: &str) -> String {
+            crate::format::essence(content_type)
+        }
+    }
 }
 
 pub use config::settings::ConsumerConfig;

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 /// Runs `work` to its end, cancelling `stop` if `shutdown` resolves first:
 /// the one place a caller's shutdown future becomes the token that every task
 /// below watches. `work` goes on after the cancel, to drain.
-pub(crate) async fn cancel_on<T>(
+pub async fn cancel_on<T>(
     shutdown: impl Future<Output = ()>,
     stop: &CancellationToken,
     work: impl Future<Output = T>,

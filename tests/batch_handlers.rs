@@ -6,10 +6,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use warren::admin::DeadLetterReason;
 use warren::testing::{Settled, TestConsumer};
 use warren::version::{Verdict, VersionMode};
 use warren::{Batch, BatchResult, Consumer, Outgoing, Registry, Tx};
+use warren_admin::DeadLetterReason;
 
 use crate::util::{
     Backend, Job, Mode, Running, TestBroker, batch_calls_of, batch_routes, test_config, unique,

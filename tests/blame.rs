@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::process::Child;
 
 use warren::Outgoing;
-use warren::admin::DeadLetterInfo;
 use warren::topology::QueueType;
+use warren_admin::DeadLetterInfo;
 
 use crate::crash::{ChildOptions, ChildProcess, spawn_with};
 use crate::util::{Backend, Job, Mode, TEST_POISON_LIMIT, TestBroker, TestDb, test_retry, unique};

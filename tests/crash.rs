@@ -604,7 +604,7 @@ async fn crash_loop_ends_as_poison<B: Backend>(queue_type: QueueType) {
 
     let dead = broker.drain(&broker.dead_letter_queue()).await;
     assert_eq!(dead.len(), 1);
-    let info = warren::admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+    let info = warren_admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
     assert_eq!(info.reason, "poison");
     assert!(info.error.contains("without an outcome"), "{}", info.error);
     assert_eq!(db.effects().await, 0);

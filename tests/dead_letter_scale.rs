@@ -10,9 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren::admin::Replayer;
 use warren::store::{Actor, DeadLetterStore, LetterFilter, LetterState};
 use warren::{Consumer, ConsumerConfig};
+use warren_admin::Replayer;
 
 use crate::util::{Backend, Job, Running, TestBroker, routes, wait_for};
 

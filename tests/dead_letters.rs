@@ -5,15 +5,15 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use warren::admin::{
-    CopyOutcome, EditError, Ingester, ReplayError, Replayer, edit_letter, set_payload_fields,
-    unstored_queue_name,
-};
 use warren::lapin::BasicProperties;
 use warren::store::{
     Actor, DeadLetterStore, Journal, JournalEntry, LetterFilter, LetterState, PageAfter,
 };
 use warren::{Consumer, ConsumerConfig};
+use warren_admin::{
+    CopyOutcome, EditError, Ingester, ReplayError, Replayer, edit_letter, set_payload_fields,
+    unstored_queue_name,
+};
 
 use crate::util::{
     Backend, Ingesting, Job, Mode, Running, TestBroker, routes, set_broken, unique, wait_for,

@@ -32,7 +32,7 @@ async fn a_swallowed_database_error_is_not_acked_as_applied<B: Backend>() {
         assert_eq!((s.applied, s.dead_lettered), (0, 1), "{s:?}");
         assert_eq!(db.inbox(&broker.name).await, 0);
         let dead = broker.drain(&broker.dead_letter_queue()).await;
-        let info = warren::admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+        let info = warren_admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
         assert_eq!(info.reason, "retries-exhausted");
         assert!(info.error.contains("aborted"), "{}", info.error);
     } else {
@@ -156,7 +156,7 @@ async fn data_the_database_refuses_is_dead_lettered_at_once<B: RefusesData>() {
     assert_eq!(db.effects_for(&bad.meta().message_id).await, 0);
     let dead = broker.drain(&broker.dead_letter_queue()).await;
     assert_eq!(dead.len(), 1);
-    let info = warren::admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
+    let info = warren_admin::DeadLetterInfo::from_properties(&dead[0].properties).unwrap();
     assert_eq!(info.reason, "permanent-failure");
     assert_eq!(info.attempts, 1);
     assert!(info.error.contains("refused the data"), "{}", info.error);

@@ -385,11 +385,11 @@ async fn letters_keyed<B: Backend>(
 }
 
 async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() {
-    use warren::admin::Ingester;
     use warren::format::Identity;
     use warren::lapin::BasicProperties;
     use warren::lapin::types::{AMQPValue, FieldTable, LongString};
     use warren::store::{DeadLetterStore, Journal, LetterFilter};
+    use warren_admin::Ingester;
 
     let db = B::create().await;
     let broker = TestBroker::new().await;
@@ -508,7 +508,7 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
         .unwrap()
         .unwrap();
     let body: serde_json::Value = serde_json::from_slice(&record.body).unwrap();
-    assert_eq!(body["card"]["number"], warren::admin::REDACTED);
+    assert_eq!(body["card"]["number"], warren_admin::REDACTED);
     assert_eq!(body["orderId"], "o-1");
 
     // An operator's edit of it sets the field where the format keeps the
@@ -516,8 +516,8 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
     // derives from the payload is not edited.
     let ana = warren::store::Actor::new("ana");
     let fixed =
-        warren::admin::set_payload_fields(&record, &[("orderId".into(), "o-2".into())]).unwrap();
-    warren::admin::edit_letter(&db.store, &event_letter.letter_id, &fixed, "typo", &ana)
+        warren_admin::set_payload_fields(&record, &[("orderId".into(), "o-2".into())]).unwrap();
+    warren_admin::edit_letter(&db.store, &event_letter.letter_id, &fixed, "typo", &ana)
         .await
         .unwrap();
     let edited = db
@@ -529,7 +529,7 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
     let body: serde_json::Value = serde_json::from_slice(edited.body_to_send()).unwrap();
     assert_eq!(body["orderId"], "o-2");
     let refused =
-        warren::admin::edit_letter(&db.store, &event_letter.letter_id, b"[1,", "bad", &ana)
+        warren_admin::edit_letter(&db.store, &event_letter.letter_id, b"[1,", "bad", &ana)
             .await
             .unwrap_err()
             .to_string();
@@ -538,7 +538,7 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
         "{refused}"
     );
     let paid_letter = letters_keyed(&db, &paid_key).await.remove(0);
-    let refused = warren::admin::edit_letter(
+    let refused = warren_admin::edit_letter(
         &db.store,
         &paid_letter.letter_id,
         br#"{"invoiceId":"inv_10"}"#,
@@ -548,7 +548,7 @@ async fn foreign_dead_letters_are_stored_under_the_id_warren_read<B: Backend>() 
     .await
     .unwrap_err();
     assert!(
-        matches!(refused, warren::admin::EditError::DerivedKey(_)),
+        matches!(refused, warren_admin::EditError::DerivedKey(_)),
         "{refused}"
     );
 
@@ -724,8 +724,8 @@ impl warren::format::Format for Tagged {
         &self,
         incoming: &warren::format::Incoming<'_>,
     ) -> Result<warren::format::Read, warren::format::Refusal> {
-        use warren::admin::DeadLetterReason;
         use warren::format::{Identity, InvalidMessage, Read, Refusal};
+        use warren_admin::DeadLetterReason;
         if incoming.content_type != Some("application/x-tagged") {
             return Err(Refusal::NotMine(InvalidMessage::new(
                 DeadLetterReason::InvalidContentType,
@@ -793,9 +793,9 @@ async fn refuse_any<B: Backend>(
 async fn an_edit_keeps_who_a_foreign_letter_is_and_a_format_warren_cannot_lay_out_is_not_edited<
     B: Backend,
 >() {
-    use warren::admin::{EditError, Ingester, edit_letter, set_payload_fields};
     use warren::lapin::BasicProperties;
     use warren::store::{Actor, DeadLetterStore};
+    use warren_admin::{EditError, Ingester, edit_letter, set_payload_fields};
 
     let db = B::create().await;
     let broker = TestBroker::new().await;

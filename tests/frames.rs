@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use warren::Consumer;
-use warren::admin::DeadLetterInfo;
 use warren::broker::guard::{MAX_HEADER_DEPTH, MAX_HEADER_ENTRIES};
 use warren::headers::{HEADER_DROPPED, HEADER_PRUNED_DIGEST};
 use warren::lapin::BasicProperties;
 use warren::lapin::protocol::basic::parse_properties;
 use warren::retry::RetryPolicy;
 use warren::topology::QueueType;
+use warren_admin::DeadLetterInfo;
 use warren_chaos::hostile::{
     NESTED_ARRAY_LEVEL, NESTED_TABLE_LEVEL, Properties, RawPublisher, Value,
 };

@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use warren::admin::DeadLetterInfo;
 use warren::headers::{HEADER_DROPPED, HEADER_ORIGINAL_USER_ID, HEADER_UNVERIFIED};
 use warren::lapin::BasicProperties;
 use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::store::OutboxStore;
 use warren::{Consumer, Outgoing, Relay, RelayConfig};
+use warren_admin::DeadLetterInfo;
 
 use crate::util::{
     Backend, EVENT, Job, Mode, OUT_EVENT, Running, TestBroker, amqp_url, reported_attempts, routes,

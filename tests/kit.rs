@@ -1,8 +1,8 @@
 //! The test kit (`warren::testing`) on both databases, with the suite's own
 //! handler: what a user's test sees on PostgreSQL is what it sees on SQLite.
 
-use warren::admin::DeadLetterReason;
 use warren::testing::{Settled, TestConsumer};
+use warren_admin::DeadLetterReason;
 
 use crate::util::{Backend, Job, Mode, TestBroker, routes, test_config, unique};
 

@@ -20,10 +20,9 @@ use util::*;
 // with no subscriber, could hit a call site first and leave this test's
 // subscriber unasked (twice in CI the INFO line of a message's success was
 // missing while the WARN and ERROR lines were there).
-#[macro_use]
-#[path = "support/mod.rs"]
-#[allow(dead_code, unused_imports, unused_macros)]
-mod util;
+// The fixtures shared by warren's tests, the CLI's and the benches
+// (crates/warren-test-support), as `crate::util::...`.
+use warren_test_support as util;
 
 /// Log lines written by the test's own thread, as the JSON formatter wrote
 /// them.
@@ -326,8 +325,8 @@ async fn an_ingester_waits_quietly_for_its_dead_letter_queue() {
 
     let db = <sqlx::Sqlite as Backend>::create().await;
     let broker = TestBroker::new().await;
-    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
-    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
+    broker.track_queue(&warren_admin::unstored_queue_name(&broker.queue));
+    let ingester = warren_admin::Ingester::new(db.store.clone(), &broker.config());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let ingesting = tokio::spawn(async move {
         ingester

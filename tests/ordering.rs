@@ -509,7 +509,7 @@ async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
         .unwrap();
     stats_reach(&stats, Duration::from_secs(30), |s| s.applied == 1).await;
 
-    let dlq = warren::admin::DeadLetterQueue::new(broker.connection.clone(), &broker.queue);
+    let dlq = warren_admin::DeadLetterQueue::new(broker.connection.clone(), &broker.queue);
     let listed: Vec<String> = dlq
         .list(10)
         .await
@@ -524,7 +524,7 @@ async fn strict_dead_letters_are_replayed_in_version_order<B: Backend>() {
     );
     let gap_waits = stats.snapshot().gap_waits;
     let report = dlq
-        .replay(&warren::admin::Selection::default(), None, false)
+        .replay(&warren_admin::Selection::default(), None, false)
         .await
         .unwrap();
     let replayed: Vec<String> = report.replayed.into_iter().map(|r| r.message_id).collect();

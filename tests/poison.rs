@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use warren::admin::DeadLetterInfo;
-use warren::admin::DeadLetterReason;
 use warren::amqp::header_str;
 use warren::lapin::BasicProperties;
 use warren::lapin::types::{AMQPValue, FieldTable};
 use warren::{Consumer, Outgoing};
+use warren_admin::DeadLetterInfo;
+use warren_admin::DeadLetterReason;
 
 use crate::util::{Backend, EVENT, Job, JobV2, Mode, Running, TestBroker, routes};
 

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use warren::Consumer;
-use warren::admin::DeadLetterInfo;
 use warren::retry::RetryPolicy;
+use warren_admin::DeadLetterInfo;
 
 use crate::util::{
     Backend, Job, Mode, Running, TEST_TIERS, TestBroker, attempt_times, consume_until,

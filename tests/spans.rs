@@ -17,10 +17,9 @@ use util::*;
 
 // Its own test binary: the subscriber is the test thread's, and tracing
 // caches per call site whether anyone listens (see tests/logs.rs).
-#[macro_use]
-#[path = "support/mod.rs"]
-#[allow(dead_code, unused_imports, unused_macros)]
-mod util;
+// The fixtures shared by warren's tests, the CLI's and the benches
+// (crates/warren-test-support), as `crate::util::...`.
+use warren_test_support as util;
 
 const MESSAGES: usize = 40;
 

@@ -2,11 +2,12 @@
 //! Integration tests against the real broker and databases. One binary, one file
 //! per topic; every test gets its own queue names and its own database.
 
-// The shared fixtures, split by concern under tests/support/; tests import them
-// as `crate::util::...` (support/mod.rs re-exports every file).
+// The fixtures shared by warren's tests, the CLI's and the benches
+// (crates/warren-test-support), as `crate::util::...`; `on_all_backends!`
+// among its macros.
 #[macro_use]
-#[path = "support/mod.rs"]
-mod util;
+extern crate warren_test_support;
+use warren_test_support as util;
 
 mod batch_handlers;
 mod batching;

@@ -23,18 +23,22 @@ use super::{BrokerError, Publisher, close_channel_within, deadline, short};
 /// (`BasicProperties`, with its header tables) crosses the port: no channel,
 /// consumer or connection does (see the crate docs on lapin's types).
 #[derive(Debug, Clone)]
-pub(crate) struct Delivery {
+pub struct Delivery {
     /// The channel's delivery tag: what an ack names. Never an identity.
-    pub(crate) tag: u64,
-    pub(crate) exchange: String,
-    pub(crate) routing_key: String,
+    pub tag: u64,
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// The routing key it was published with.
+    pub routing_key: String,
     /// Set by the broker on a delivery it handed out before.
-    pub(crate) redelivered: bool,
-    pub(crate) properties: BasicProperties,
-    pub(crate) body: Vec<u8>,
+    pub redelivered: bool,
+    /// Its AMQP properties, with what the frame guard left of its headers.
+    pub properties: BasicProperties,
+    /// Its body.
+    pub body: Vec<u8>,
     /// What the frame guard removed or replaced before the client read the
     /// properties: such a delivery is dead-lettered, never applied.
-    pub(crate) pruned: Option<Pruned>,
+    pub pruned: Option<Pruned>,
 }
 
 impl Delivery {
@@ -64,7 +68,7 @@ impl From<lapin::message::Delivery> for Delivery {
 }
 
 /// What the pipeline needs from the broker to settle a delivery.
-pub(crate) trait Port: Send + Sync {
+pub trait Port: Send + Sync {
     /// Acks the delivery `tag` alone.
     fn ack(&self, tag: u64) -> BoxFuture<'_, Result<(), BrokerError>>;
 
@@ -185,7 +189,7 @@ impl Acker {
 
 /// The port on a live session: acks on the consuming channel, copies through
 /// the session's publisher (a connection of its own).
-pub(crate) struct Amqp {
+pub struct Amqp {
     acker: Arc<Acker>,
     publisher: Arc<Publisher>,
 }
@@ -219,7 +223,7 @@ impl Port for Amqp {
 
 /// A consumer subscription: the channel with its prefetch, the stream of
 /// deliveries, and their settlements.
-pub(crate) struct Subscription {
+pub struct Subscription {
     channel: Channel,
     tag: String,
     deliveries: lapin::Consumer,
@@ -231,7 +235,7 @@ pub(crate) struct Subscription {
 impl Subscription {
     /// Opens a channel on `connection` with `prefetch` and subscribes to `queue`
     /// as `tag`.
-    pub(crate) async fn open(
+    pub async fn open(
         connection: &Connection,
         queue: &str,
         prefetch: u16,
@@ -266,7 +270,7 @@ impl Subscription {
 
     /// The next delivery; `None` when the broker ended the subscription (the
     /// queue was deleted, the channel or connection closed).
-    pub(crate) async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
+    pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
         let next = self.deliveries.next().await?;
         Some(self.received(next))
     }
@@ -289,7 +293,7 @@ impl Subscription {
     }
 
     /// The port that settles this subscription's deliveries.
-    pub(crate) fn port(&self, publisher: Arc<Publisher>) -> Arc<Amqp> {
+    pub fn port(&self, publisher: Arc<Publisher>) -> Arc<Amqp> {
         Arc::new(Amqp {
             acker: Arc::clone(&self.acker),
             publisher,
@@ -312,7 +316,7 @@ impl Subscription {
     /// cannot be sent in time are given up (their deliveries come back and
     /// settle as duplicates) rather than keep the channel, and everything it
     /// holds, open. False if the broker did not confirm the close in time.
-    pub(crate) async fn close(&self, limit: Duration) -> bool {
+    pub async fn close(&self, limit: Duration) -> bool {
         if self.channel.status().connected() {
             let _ = tokio::time::timeout(limit, self.acker.flush(true)).await;
         }

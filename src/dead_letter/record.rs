@@ -133,7 +133,7 @@ impl DeadLetterInfo {
 /// A letter's message id and event type as its consumer read them (a
 /// derived key or a CloudEvent's has no AMQP `message_id` or `type` to
 /// show), else the AMQP `message_id` and `type` of `properties`.
-pub(crate) fn id_and_type(
+pub fn id_and_type(
     info: Option<&DeadLetterInfo>,
     properties: &BasicProperties,
 ) -> (String, String) {

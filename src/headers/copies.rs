@@ -200,7 +200,7 @@ pub(crate) fn rebuild(p: &BasicProperties, keep_expiration: bool) -> BasicProper
 /// trusted properties without the broker's headers and without the `user_id`
 /// (kept in [`HEADER_ORIGINAL_USER_ID`] unless an earlier copy already recorded
 /// it); a per-message TTL only if `keep_expiration`.
-pub(crate) fn copy_base(trusted: &BasicProperties, keep_expiration: bool) -> BasicProperties {
+pub fn copy_base(trusted: &BasicProperties, keep_expiration: bool) -> BasicProperties {
     let base = rebuild(&without_broker_headers(trusted), keep_expiration);
     let Some(user) = trusted.user_id() else {
         return base;

@@ -19,7 +19,7 @@ pub(super) fn is_warren(name: &str) -> bool {
 
 /// Signs and verifies warren's own headers. Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct Signer {
+pub struct Signer {
     key: Arc<[u8]>,
 }
 
@@ -30,7 +30,8 @@ impl std::fmt::Debug for Signer {
 }
 
 impl Signer {
-    pub(crate) fn new(key: &[u8]) -> Self {
+    /// A signer with the store's signing key.
+    pub fn new(key: &[u8]) -> Self {
         Self { key: key.into() }
     }
 
@@ -71,7 +72,7 @@ impl Signer {
     }
 
     /// Adds the signature over `headers`' `x-warren-*` entries.
-    pub(crate) fn sign(&self, message_id: &str, headers: &mut FieldTable) {
+    pub fn sign(&self, message_id: &str, headers: &mut FieldTable) {
         let tag = self.mac(message_id, headers).finalize().into_bytes();
         headers.insert(HEADER_SIGNATURE.into(), text(&hex::encode(tag)));
     }
@@ -90,7 +91,7 @@ impl Signer {
     /// The delivery's properties as warren may rely on them: `x-warren-*` headers
     /// without a valid signature are moved into [`HEADER_UNVERIFIED`]; the
     /// broker's headers are left for the caller to judge.
-    pub(crate) fn trusted(&self, properties: &BasicProperties) -> BasicProperties {
+    pub fn trusted(&self, properties: &BasicProperties) -> BasicProperties {
         let mut trusted = properties.clone();
         self.trust(&mut trusted);
         trusted

@@ -2,7 +2,7 @@
 //! PostgreSQL, SQLite and MariaDB to find the same letters. Times are kept
 //! to the millisecond (what SQLite stores); a payload number matches the
 //! texts `serde_json` writes for numbers equal to it (what the ingester
-//! stores). The operator input rules (`warren::admin::input`) build on these.
+//! stores). The operator input rules (`warren_admin::input`) build on these.
 
 use std::borrow::Cow;
 
@@ -16,7 +16,7 @@ pub const MAX_SIGNIFICANT_DIGITS: usize = 15;
 pub const MAX_EXPONENT: i32 = 300;
 /// `t` cut to the millisecond, a leap second to the last millisecond of
 /// the second before.
-pub(crate) fn to_millisecond(t: DateTime<Utc>) -> DateTime<Utc> {
+pub fn to_millisecond(t: DateTime<Utc>) -> DateTime<Utc> {
     let nanos = t.nanosecond().min(999_999_999);
     t.with_nanosecond(nanos / 1_000_000 * 1_000_000)
         .unwrap_or(t)
@@ -24,7 +24,7 @@ pub(crate) fn to_millisecond(t: DateTime<Utc>) -> DateTime<Utc> {
 
 /// The texts warren's dead-letter store holds for JSON numbers equal to
 /// `value`, when `value` is written as a JSON number within the
-/// input rules (`warren::admin::input`); `None` otherwise (a value matched as text
+/// input rules (`warren_admin::input`); `None` otherwise (a value matched as text
 /// only).
 ///
 /// The store's payload copy is written by `serde_json`, so each number in it
@@ -58,7 +58,7 @@ pub(crate) fn number_texts(value: &str) -> Option<Vec<String>> {
 }
 
 /// A value written in JSON's number grammar: `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`.
-pub(crate) struct JsonNumber<'a> {
+pub struct JsonNumber<'a> {
     negative: bool,
     /// The digits, integer and fraction run together, leading and trailing
     /// zeros kept.
@@ -70,7 +70,8 @@ pub(crate) struct JsonNumber<'a> {
 }
 
 impl<'a> JsonNumber<'a> {
-    pub(crate) fn parse(s: &'a str) -> Option<Self> {
+    /// `s` read in JSON's number grammar, or `None`.
+    pub fn parse(s: &'a str) -> Option<Self> {
         let (negative, rest) = match s.strip_prefix('-') {
             Some(rest) => (true, rest),
             None => (false, s),
@@ -137,7 +138,8 @@ impl<'a> JsonNumber<'a> {
         Some((trimmed, scientific))
     }
 
-    pub(crate) fn check(&self) -> Result<(), String> {
+    /// Why the number would not read the same in every store, if it would not.
+    pub fn check(&self) -> Result<(), String> {
         let Some((digits, exponent)) = self.significant() else {
             return Ok(());
         };

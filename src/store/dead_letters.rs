@@ -41,7 +41,7 @@ pub struct NewDeadLetter {
     /// When it last failed.
     pub last_failure: DateTime<Utc>,
     /// What made it fail, as a group key: the same for letters that failed
-    /// the same way ([`fingerprint`](crate::admin::fingerprint)).
+    /// the same way (`warren_admin::fingerprint`).
     pub fingerprint: String,
     /// Every header, decoded as text: a JSON object.
     pub headers: String,

@@ -72,7 +72,7 @@ impl Default for FaultMix {
 impl FaultMix {
     /// The `WARREN_FAILPOINTS` value that arms every crash point.
     pub fn failpoints(&self) -> String {
-        warren::failpoint::NAMES
+        warren_failpoints::NAMES
             .iter()
             .map(|n| format!("{n}={}", self.crash_probability))
             .collect::<Vec<_>>()

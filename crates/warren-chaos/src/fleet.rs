@@ -89,9 +89,9 @@ impl Fleet {
     /// Starts member `index` (stopping nothing); `failpoints` arms crash points.
     pub async fn start(&mut self, index: usize, failpoints: Option<&str>) -> Result<(), String> {
         let mut cmd = (self.spawn)(index);
-        cmd.env_remove(warren::failpoint::ENV);
+        cmd.env_remove(warren_failpoints::ENV);
         if let Some(spec) = failpoints {
-            cmd.env(warren::failpoint::ENV, spec);
+            cmd.env(warren_failpoints::ENV, spec);
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

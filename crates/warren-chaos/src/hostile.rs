@@ -353,7 +353,7 @@ impl RawPublisher {
     /// Connects to the broker at `url` (`amqp://user:password@host:port/vhost`;
     /// plain AMQP only), opens channel 1 and puts it in confirm mode.
     pub async fn connect(url: &str) -> Result<Self, String> {
-        let uri: warren::lapin::uri::AMQPUri = url.parse()?;
+        let uri: amq_protocol_uri::AMQPUri = url.parse()?;
         let address = format!("{}:{}", uri.authority.host, uri.authority.port);
         let stream = tokio::time::timeout(ANSWER_TIMEOUT, TcpStream::connect(&address))
             .await

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use warren::ConsumerConfig;
-use warren::admin::DatabaseUrl;
-use warren::admin::input;
 use warren::retry::{DEFAULT_POISON_LIMIT, RetryPolicy};
 use warren::store::PageAfter;
 use warren::topology::QueueType;
+use warren_admin::DatabaseUrl;
+use warren_admin::input;
 
 const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use warren::admin::{
-    CopyOutcome, Ingester, ReplayError, Replayer, edit_letter, printable, printable_json,
-    purge_letters, replays_with_outcomes, set_payload_fields,
-};
 use warren::store::{
     Actor, DeadLetterGroup, DeadLetterStore, GroupMute, Journal, JournalEntry, LetterFilter,
     LetterState, PageAfter, SigningKey, StoredDeadLetter,
+};
+use warren_admin::{
+    CopyOutcome, Ingester, ReplayError, Replayer, edit_letter, printable, printable_json,
+    purge_letters, replays_with_outcomes, set_payload_fields,
 };
 
 use crate::CliError;
@@ -496,16 +496,13 @@ async fn show<S: DeadLetterStore + Journal>(
         if let Some(edit) = &record.edit {
             println!(
                 "original:    {}",
-                warren::admin::printable_bytes(&record.body)
+                warren_admin::printable_bytes(&record.body)
             );
-            println!(
-                "edited body: {}",
-                warren::admin::printable_bytes(&edit.body)
-            );
+            println!("edited body: {}", warren_admin::printable_bytes(&edit.body));
         } else {
             println!(
                 "body:        {}",
-                warren::admin::printable_bytes(&record.body)
+                warren_admin::printable_bytes(&record.body)
             );
         }
     }

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use warren::admin::DatabaseUrl;
 use warren::topology::Topology;
 use warren::{PgStore, SqliteStore};
+use warren_admin::DatabaseUrl;
 
 use crate::CliError;
 use crate::cli::{Cli, Command, TopologyCommand};
@@ -245,7 +245,7 @@ async fn delete_topology(
     if !with_exchanges {
         topology.exchanges.clear();
     }
-    let side = warren::admin::unstored_queue_name(config.queue());
+    let side = warren_admin::unstored_queue_name(config.queue());
     topology
         .queues
         .push(warren::topology::QueueSpec::new(side, config.queue_type()));

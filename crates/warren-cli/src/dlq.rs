@@ -2,18 +2,15 @@
 
 use std::sync::Arc;
 
-use warren::admin::{DeadLetter, DeadLetterQueue, Selection, printable};
 use warren::lapin;
+use warren_admin::{DeadLetter, DeadLetterQueue, Selection, printable};
 
 use crate::CliError;
 use crate::cli::DlqCommand;
 use crate::print::{id, one_line, time};
 
 fn print_payload(letter: &DeadLetter) {
-    println!(
-        "  payload: {}",
-        warren::admin::printable_bytes(&letter.body)
-    );
+    println!("  payload: {}", warren_admin::printable_bytes(&letter.body));
 }
 
 fn print_list(letters: &[DeadLetter], show_payload: bool) {
@@ -145,11 +142,11 @@ pub(crate) async fn run_dlq(
             dry_run,
         } => {
             if let Some(r) = &reason
-                && warren::admin::DeadLetterReason::from_name(r).is_none()
+                && warren_admin::DeadLetterReason::from_name(r).is_none()
             {
                 return Err(CliError::Usage(format!(
                     "unknown reason {r:?}; known: {}",
-                    warren::admin::DeadLetterReason::ALL
+                    warren_admin::DeadLetterReason::ALL
                         .map(|r| r.as_str())
                         .join(", ")
                 )));

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::Args;
-use warren::admin::DatabaseUrl;
 use warren::{MySqlStore, PgStore, SqliteStore};
+use warren_admin::DatabaseUrl;
 use warren_doctor::{
     BrokerAccess, Check, DatabaseExpectations, Report, Status, check_consumers, check_database,
 };
@@ -20,7 +20,7 @@ pub(crate) struct DoctorArgs {
     #[command(flatten)]
     pub(crate) consumer: ConsumerArgs,
     /// The consumer's name, for its inbox [default: the queue].
-    #[arg(long, value_parser = crate::cli::checked("--consumer-name", warren::admin::input::text))]
+    #[arg(long, value_parser = crate::cli::checked("--consumer-name", warren_admin::input::text))]
     pub(crate) consumer_name: Option<String>,
     /// How long a suspect may run alone (the consumer's solo_timeout)
     /// [default: 60s].
@@ -118,7 +118,7 @@ pub(crate) async fn run_doctor(
     }
     if args.json {
         // A report quotes the broker's and the database's answers.
-        println!("{}", warren::admin::printable_json_pretty(&report));
+        println!("{}", warren_admin::printable_json_pretty(&report));
     } else {
         print!("{}", report.text());
     }

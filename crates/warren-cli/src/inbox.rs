@@ -24,20 +24,20 @@ pub(crate) async fn run_inbox<S: warren::store::Retention>(
     policy
         .validate()
         .map_err(|e| CliError::Usage(e.to_string()))?;
-    if older_than > warren::admin::MAX_RETENTION {
+    if older_than > warren_admin::MAX_RETENTION {
         return Err(CliError::Usage(format!(
             "--older-than {} is longer than the most warren accepts ({}d)",
             warren::retry::format_delay(older_than),
-            warren::admin::MAX_RETENTION.as_secs() / 86_400
+            warren_admin::MAX_RETENTION.as_secs() / 86_400
         )));
     }
-    if let Err(why) = warren::admin::check_window(older_than, &policy, replay_margin) {
+    if let Err(why) = warren_admin::check_window(older_than, &policy, replay_margin) {
         if !force {
             return Err(CliError::Failed(why));
         }
         eprintln!("warren: --force: {why}");
     }
-    let deleted = warren::admin::purge_inbox(store, &consumer, older_than)
+    let deleted = warren_admin::purge_inbox(store, &consumer, older_than)
         .await
         .map_err(|e| CliError::Failed(e.to_string()))?;
     println!(

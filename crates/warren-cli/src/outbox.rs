@@ -1,7 +1,7 @@
 //! `warren outbox`: the outbox's state, and failed rows put back.
 
-use warren::admin::printable;
 use warren::store::OutboxStore;
+use warren_admin::printable;
 
 use crate::cli::OutboxCommand;
 use crate::print::{id, one_line};

@@ -1,14 +1,14 @@
 //! Printing what came from a message: times, one-line text, ids, always made
 //! safe to print.
 
-use warren::admin::printable;
+use warren_admin::printable;
 
 pub(crate) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| "-".into())
 }
 
-/// Message-derived text, escaped by [`warren::admin::printable`], cut to `max` characters.
+/// Message-derived text, escaped by [`warren_admin::printable`], cut to `max` characters.
 pub(crate) fn one_line(s: &str, max: usize) -> String {
     let flat = printable(s);
     if flat.chars().count() <= max {

@@ -12,12 +12,12 @@ use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use warren::admin::DatabaseUrl;
 use warren::store::{
     DeadLetterStore, InboxRecord, JournalEntry, LetterFilter, LetterState, OutboxRecord,
     StoredDeadLetter, Trail,
 };
 use warren::{MySqlStore, PgStore, SqliteStore};
+use warren_admin::DatabaseUrl;
 
 use crate::CliError;
 use crate::print::{id, one_line};
@@ -121,7 +121,7 @@ pub(crate) async fn run_trace(
         }
     }
     if json_out {
-        println!("{}", warren::admin::printable_json_pretty(&tree));
+        println!("{}", warren_admin::printable_json_pretty(&tree));
     } else {
         let mut out = String::new();
         render(&tree, 0, &mut out);

@@ -88,7 +88,7 @@ pub(crate) async fn dead_letter_some<B: Backend>(
 pub(crate) async fn ingest<B: Backend>(db: &crate::util::TestDb<B>, broker: &TestBroker, n: usize) {
     use warren::store::{DeadLetterStore, LetterFilter};
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let ingester = warren::admin::Ingester::new(db.store.clone(), &broker.config());
+    let ingester = warren_admin::Ingester::new(db.store.clone(), &broker.config());
     let task = tokio::spawn(async move {
         ingester
             .run(&amqp_url(), async {

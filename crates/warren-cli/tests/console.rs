@@ -488,7 +488,7 @@ async fn a_run_left_by_a_process_that_died_is_resumed_from_its_page() {
     let store = db.store.clone();
     // Started as the console would, then its process "died": nothing of it
     // is published.
-    let orphan = warren::admin::Replayer::new(
+    let orphan = warren_admin::Replayer::new(
         store.clone(),
         std::sync::Arc::clone(&broker.connection),
         warren::store::Actor::new("alice"),

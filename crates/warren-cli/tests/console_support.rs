@@ -272,7 +272,7 @@ pub(crate) struct Staged {
 
 pub(crate) async fn staged<B: Backend>(db: &TestDb<B>, broker: &TestBroker) -> Staged {
     broker.declare().await;
-    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
+    broker.track_queue(&warren_admin::unstored_queue_name(&broker.queue));
     let failed = dead_letter_some(db, broker, 3).await;
     dead_letter_hostile(broker).await;
     ingest(db, broker, 4).await;

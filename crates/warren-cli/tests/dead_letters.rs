@@ -20,7 +20,7 @@ async fn control_characters_from_letters_are_escaped() {
     let db = <sqlx::Sqlite as Backend>::create().await;
     let broker = TestBroker::new().await;
     broker.declare().await;
-    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
+    broker.track_queue(&warren_admin::unstored_queue_name(&broker.queue));
     let body = "not json: \u{1b}[31m red \u{202e} reversed \u{7}";
     broker
         .publisher
@@ -155,7 +155,7 @@ async fn the_dead_letter_store_from_the_command_line<B: Backend>() {
     let db = B::create().await;
     let broker = TestBroker::new().await;
     broker.declare().await;
-    broker.track_queue(&warren::admin::unstored_queue_name(&broker.queue));
+    broker.track_queue(&warren_admin::unstored_queue_name(&broker.queue));
     let ids = dead_letter_some(&db, &broker, 3).await;
     let url = db.url.clone();
     let dl = |rest: &[&str]| {

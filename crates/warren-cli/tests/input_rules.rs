@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
-use warren::admin::letter_id;
 use warren::store::{DeadLetterStore, LetterFilter, LetterState, NewDeadLetter};
+use warren_admin::letter_id;
 
 use crate::cli::warren;
 use crate::console_support::{csrf_of, encode, form, http};

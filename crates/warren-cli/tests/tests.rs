@@ -1,14 +1,14 @@
 #![allow(unreachable_pub)]
 //! The `warren` binary against the real broker and databases. The fixtures are
-//! warren's own integration-test fixtures, shared by path rather than copied, so
+//! warren's own integration-test fixtures (crates/warren-test-support), so
 //! that the CLI is tested against the same consumers the library's tests run.
 
+// The fixtures shared by warren's tests, the CLI's and the benches
+// (crates/warren-test-support), as `crate::util::...`; `on_all_backends!`
+// among its macros.
 #[macro_use]
-#[path = "../../../tests/support/mod.rs"]
-// Only part of the shared fixtures serves the CLI's tests (none of the proxy, say,
-// whose re-export would then count as an unused import).
-#[allow(dead_code, unused_imports)]
-mod util;
+extern crate warren_test_support;
+use warren_test_support as util;
 
 mod cli;
 mod console;

@@ -11,13 +11,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use serde::Deserialize;
-use warren::admin::input::{self, InputError};
-use warren::admin::{
-    DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, purge_letters, set_payload_fields,
-};
 use warren::broker::close_connection;
 use warren::lapin::Connection;
 use warren::store::{Actor, DeadLetterRecord, LetterFilter, LetterState};
+use warren_admin::input::{self, InputError};
+use warren_admin::{
+    DEFAULT_OUTCOME_TIMEOUT, Replayer, edit_letter, printable, purge_letters, set_payload_fields,
+};
 
 use crate::auth::{SESSION_COOKIE, SESSION_LIFETIME, Viewer, check_login, cookie, posted};
 use crate::pages::LoginPage;

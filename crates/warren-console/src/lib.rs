@@ -90,7 +90,7 @@ impl ConsoleConfig {
             local_operator: None,
             masked_fields: Vec::new(),
             broker: None,
-            inbox_retention: warren::admin::DEFAULT_RETENTION,
+            inbox_retention: warren_admin::DEFAULT_RETENTION,
         }
     }
 

@@ -7,9 +7,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde::Deserialize;
-use warren::admin::input;
-use warren::admin::replays_with_outcomes;
 use warren::store::{Actor, JournalEntry, LetterFilter};
+use warren_admin::input;
+use warren_admin::replays_with_outcomes;
 
 use crate::auth::{Viewer, viewer};
 use crate::server::{ConsoleStore, Failed, Page, Shared, refused, render};
@@ -304,7 +304,7 @@ pub(crate) async fn run_progress<S: ConsoleStore>(
     });
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        warren::admin::printable_json(&progress),
+        warren_admin::printable_json(&progress),
     )
         .into_response())
 }

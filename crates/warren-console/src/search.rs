@@ -6,9 +6,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use warren::admin::input::{self, InputError};
-use warren::admin::printable;
 use warren::store::{LetterFilter, LetterState, PageAfter};
+use warren_admin::input::{self, InputError};
+use warren_admin::printable;
 
 use crate::auth::Viewer;
 use crate::server::{ConsoleStore, Failed, Page, Shared, render};

@@ -197,7 +197,7 @@ async fn secure_headers(mut response: Response) -> Response {
 /// `\u{..}` too, as the CLI prints it, so that no id can pass for another.
 pub(crate) fn render(page: &impl Template) -> Response {
     match page.render() {
-        Ok(html) => Html(warren::admin::printable_page(&html).into_owned()).into_response(),
+        Ok(html) => Html(warren_admin::printable_page(&html).into_owned()).into_response(),
         Err(e) => failure(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("cannot render: {e}"),
@@ -237,8 +237,8 @@ impl Failed {
 
 /// A value that breaks its input rule: 400, naming the parameter and the
 /// rule.
-impl From<warren::admin::input::InputError> for Failed {
-    fn from(e: warren::admin::input::InputError) -> Self {
+impl From<warren_admin::input::InputError> for Failed {
+    fn from(e: warren_admin::input::InputError) -> Self {
         Self::Status(StatusCode::BAD_REQUEST, e.to_string())
     }
 }

@@ -40,10 +40,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{Postgres, Sqlite};
-use warren::admin::DatabaseUrl;
 use warren::broker::Publisher;
 use warren::config::BatchIsolation;
 use warren::store::Store;
+use warren_admin::DatabaseUrl;
 
 pub use probe::{LogSwitches, Probe, Settled, count_broker_nodes, install_switches};
 
@@ -175,7 +175,7 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
     if let Some(url) = &spec.postgres {
         println!(
             "PostgreSQL at {} (TLS: {})",
-            warren::admin::redact_url(url),
+            warren_admin::redact_url(url),
             if url.contains("sslmode=disable") {
                 "off"
             } else {

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren::admin::DeadLetterQueue;
 use warren::store::OutboxStore;
 use warren::store::{DeadLetterStore, Journal};
+use warren_admin::DeadLetterQueue;
 use warren_chaos::{Campaign, Check, Cluster, ClusterFault, Failover, FaultMix, Fleet, Report};
 
 use crate::config::Config;
@@ -919,7 +919,7 @@ pub async fn command(
         println!(
             "kept: prefix {:?}, database {}",
             names.prefix,
-            warren::admin::redact_url(&fresh.url)
+            warren_admin::redact_url(&fresh.url)
         );
     } else {
         scratch::teardown(cli, &names, &settings, fresh.schema.as_deref()).await;

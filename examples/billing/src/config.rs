@@ -7,9 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use warren::admin::DatabaseUrl;
 use warren::retry::RetryPolicy;
 use warren::tls::TlsOptions;
+use warren_admin::DatabaseUrl;
 
 use crate::service;
 
@@ -174,11 +174,11 @@ impl Config {
             ..Raw::default()
         };
         let amqp_url = raw.amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.into());
-        for u in warren::admin::split_url_list(&amqp_url) {
+        for u in warren_admin::split_url_list(&amqp_url) {
             if !(u.starts_with("amqp://") || u.starts_with("amqps://")) {
                 return Err(format!(
                     "amqp_url: {} is not a broker URL; use amqp://user:password@host:port/vhost (several separated by commas)",
-                    warren::admin::redact_url(u)
+                    warren_admin::redact_url(u)
                 ));
             }
         }
@@ -260,7 +260,7 @@ impl Config {
                 .unwrap_or_default();
             key(
                 "inbox_retention",
-                warren::admin::check_window(window, &policy, warren::admin::DEFAULT_REPLAY_MARGIN),
+                warren_admin::check_window(window, &policy, warren_admin::DEFAULT_REPLAY_MARGIN),
             )?;
         }
         let consumer_timeout = match raw.consumer_timeout.as_deref() {
@@ -428,7 +428,7 @@ fn resolve_console(
         .map(|f| f.trim().to_owned())
         .filter(|f| !f.is_empty())
         .collect();
-    console.broker = warren::admin::split_url_list(amqp_url)
+    console.broker = warren_admin::split_url_list(amqp_url)
         .into_iter()
         .next()
         .map(|u| warren_console::BrokerTarget {
@@ -465,7 +465,7 @@ fn resolve_tls(files: [&Option<String>; 3], amqp_url: &str) -> Result<TlsOptions
     {
         return Err(format!(
             "{key}: TLS files are set but the broker URL {} is not amqps://",
-            warren::admin::redact_url(plain)
+            warren_admin::redact_url(plain)
         ));
     }
     Ok(tls)

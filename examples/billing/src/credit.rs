@@ -352,9 +352,9 @@ impl CreditPlan {
 mod tests {
 
     use warren::SqliteStore;
-    use warren::admin::DeadLetterReason;
     use warren::sqlx::Sqlite;
     use warren::testing::{Settled, TestConsumer, sqlite_in_memory};
+    use warren_admin::DeadLetterReason;
 
     use super::*;
     use crate::service::{Names, Settings, credit_config};

@@ -8,11 +8,11 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use sqlx::{Pool, Postgres, Sqlite};
-use warren::admin::DatabaseUrl;
 use warren::store::OutboxStore;
 use warren::store::Store;
 use warren::store::StoreError;
 use warren::{PgStore, SqliteStore, Tx};
+use warren_admin::DatabaseUrl;
 
 use crate::amount::Amount;
 use crate::credit::{CreditLimit, CreditState};

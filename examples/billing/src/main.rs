@@ -26,8 +26,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use warren::admin::DatabaseUrl;
 use warren::retry::RetryPolicy;
+use warren_admin::DatabaseUrl;
 
 use crate::config::{Config, LogFormat};
 use crate::stream::StreamSpec;

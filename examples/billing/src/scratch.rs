@@ -1,7 +1,7 @@
 //! Throwaway runs (`billing demo`, `billing chaos`): a database of their own,
 //! and what they leave behind removed afterwards.
 
-use warren::admin::DatabaseUrl;
+use warren_admin::DatabaseUrl;
 
 use crate::config::Config;
 use crate::db::{self, Database};

@@ -186,7 +186,7 @@ pub async fn declare(amqp_url: &str, names: &Names, settings: &Settings) -> Resu
         .map_err(|e| {
             format!(
                 "cannot reach the broker at {}: {e}",
-                warren::admin::redact_url(amqp_url)
+                warren_admin::redact_url(amqp_url)
             )
         })?;
     let credit = credit_topology(names, settings).map_err(|e| e.to_string())?;
@@ -225,7 +225,7 @@ pub async fn start<B: BillingDb>(
     // The dead letters of the invoice stream, moved into the database as they
     // come (the credit stream's are not expected; they stay on the broker).
     let ingester = settings.dead_letter_store.then(|| {
-        warren::admin::Ingester::new(store.clone(), &invoice_config)
+        warren_admin::Ingester::new(store.clone(), &invoice_config)
             .redacting(settings.dead_letter_redact.clone())
     });
     let consumer = warren::Consumer::new(
@@ -374,7 +374,7 @@ async fn purge_on_schedule<B: BillingDb>(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        match warren::admin::purge_inbox(&store, CONSUMER, window).await {
+        match warren_admin::purge_inbox(&store, CONSUMER, window).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "purged inbox rows past retention"),
             Err(e) => tracing::warn!(error = %e, "inbox purge failed; trying again in an hour"),

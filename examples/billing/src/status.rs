@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use warren::admin::DeadLetterQueue;
 use warren::outbox::OutboxStatus;
 use warren::store::{DeadLetterStore, OutboxStore};
+use warren_admin::DeadLetterQueue;
 
 use crate::db::{BillingDb, Counts};
 use crate::handlers::CONSUMER;
@@ -92,7 +92,7 @@ pub async fn gather<B: BillingDb>(
                 // Reasons come from headers a producer could set: escaped
                 // before printing.
                 *dead_letters
-                    .entry(warren::admin::printable(&group.reason).into_owned())
+                    .entry(warren_admin::printable(&group.reason).into_owned())
                     .or_default() += group.count as usize;
             }
             dead_letters_queued = depth(dead_letter_queue).await.unwrap_or(0);
@@ -107,7 +107,7 @@ pub async fn gather<B: BillingDb>(
                 .map_err(|e| e.to_string())?
             {
                 *dead_letters
-                    .entry(warren::admin::printable(letter.reason()).into_owned())
+                    .entry(warren_admin::printable(letter.reason()).into_owned())
                     .or_default() += 1;
             }
         }

@@ -8,10 +8,10 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
-use warren::admin::DeadLetterReason;
 use warren::broker::Publisher;
 use warren::lapin::BasicProperties;
 use warren::{Outgoing, OutgoingFormat};
+use warren_admin::DeadLetterReason;
 
 use crate::handlers::{CURRENCIES, InvoicePaidV1, InvoicePaidV2, PAID_V1, PAID_V2, minor_units};
 

@@ -775,7 +775,7 @@ async fn numbers_and_identifiers_are_exact_or_refused(db: &TestDb) {
 
     // `warren dlq list` browses the dead-letter queue; messages it held come
     // back ready once its channel closes, so wait for all of them.
-    let dlq = warren::admin::DeadLetterQueue::new(
+    let dlq = warren_admin::DeadLetterQueue::new(
         std::sync::Arc::clone(&connection),
         &format!("{prefix}.invoice-paid"),
     );

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use sqlx::Postgres;
 use warren::PgStore;
-use warren::admin::DatabaseUrl;
 use warren::broker::Publisher;
 use warren::config::BatchIsolation;
+use warren_admin::DatabaseUrl;
 
 use super::wire::{Counts, Protocol, Proxy};
 use super::workloads::{self, Env};

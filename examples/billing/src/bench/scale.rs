@@ -60,7 +60,7 @@ pub(super) async fn big_inbox<B: BenchDb>(
     let purge_store = store.clone();
     let purge = tokio::spawn(async move {
         let start = std::time::Instant::now();
-        let deleted = warren::admin::purge_inbox(
+        let deleted = warren_admin::purge_inbox(
             &purge_store,
             crate::handlers::CONSUMER,
             Duration::from_secs(365 * 86_400),
@@ -198,7 +198,7 @@ struct Scaled {
 /// process spent per message.
 pub(super) async fn instances(
     env: &Env,
-    db_url: &warren::admin::DatabaseUrl,
+    db_url: &warren_admin::DatabaseUrl,
     schema: &str,
     pool: u32,
     counts: &[usize],
@@ -285,7 +285,7 @@ pub(super) async fn instances(
         "\nPostgreSQL, billing instances side by side ({n} invoices each; {})",
         env.amqp_url
             .split(',')
-            .map(warren::admin::redact_url)
+            .map(warren_admin::redact_url)
             .collect::<Vec<_>>()
             .join(", ")
     );

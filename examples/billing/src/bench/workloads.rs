@@ -670,7 +670,7 @@ impl Billing {
         // The dead-letter ingester's side queue is its own, not the topology's.
         let mut side = Topology::default();
         side.queues.push(warren::topology::QueueSpec::new(
-            warren::admin::unstored_queue_name(&self.names.queue()),
+            warren_admin::unstored_queue_name(&self.names.queue()),
             env.settings.queue_type,
         ));
         let _ = warren::broker::delete(&env.connection, &side).await;

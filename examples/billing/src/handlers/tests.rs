@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use warren::admin::DeadLetterReason;
 use warren::sqlx::Sqlite;
 use warren::testing::{OutboxMessage, Settled, TestConsumer, sqlite_in_memory};
 use warren::{Outgoing, SqliteStore};
+use warren_admin::DeadLetterReason;
 
 use super::*;
 use crate::db::{BillingDb, Counts};

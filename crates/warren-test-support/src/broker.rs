@@ -19,21 +19,28 @@ use warren::lapin::{self, BasicProperties, Connection, message::Delivery};
 use warren::telemetry::StatsHandle;
 use warren::{Consumer, ConsumerConfig, Error, Outgoing};
 
-use super::db::{Backend, TestDb};
-use super::handlers::{EVENT, Job, routes, test_config};
-use super::{amqp_url, unique, wait_for};
+use crate::db::{Backend, TestDb};
+use crate::handlers::{EVENT, Job, routes, test_config};
+use crate::{amqp_url, unique, wait_for};
 
 /// A test's broker names and a connection to inspect and publish with.
 pub struct TestBroker {
+    /// The test's topic exchange, where `publish` sends.
     pub exchange: String,
+    /// The test consumer's work queue.
     pub queue: String,
+    /// The test consumer's name (its inbox key and its queues' stem).
     pub name: String,
+    /// The connection the test inspects and publishes with.
     pub connection: Arc<Connection>,
+    /// A publisher with confirms on `connection`.
     pub publisher: Publisher,
+    /// Queues the test declared besides the consumer's, deleted by `cleanup`.
     pub extra_queues: Mutex<Vec<String>>,
 }
 
 impl TestBroker {
+    /// Names unique to this test, and a connection to the broker `AMQP_URL` names.
     pub async fn new() -> Self {
         let base = unique("wt");
         let connection = Arc::new(
@@ -112,6 +119,7 @@ impl TestBroker {
         let _ = channel.close(200, "declared".into()).await;
     }
 
+    /// The test consumer's dead-letter queue.
     pub fn dead_letter_queue(&self) -> String {
         warren::topology::dead_letter_queue_name(&self.queue)
     }
@@ -122,6 +130,7 @@ impl TestBroker {
         self.declare_config(&self.config()).await;
     }
 
+    /// Declares the topology of the consumer `config` describes.
     pub async fn declare_config(&self, config: &ConsumerConfig) {
         let channel = self.connection.create_channel().await.unwrap();
         warren::broker::declare(&channel, &warren::topology::Topology::for_consumer(config))
@@ -135,6 +144,8 @@ impl TestBroker {
         Outgoing::new(EVENT, 1, job).unwrap()
     }
 
+    /// Publishes `message` to the test exchange with the test consumer's routing key,
+    /// confirmed.
     pub async fn publish(&self, message: &Outgoing) {
         self.publisher
             .publish(&self.exchange, "test.job", message)
@@ -143,12 +154,11 @@ impl TestBroker {
     }
 
     /// Publishes straight to `queue`, through the default exchange.
-    // Used by the blame tests, which need the `failpoints` feature.
-    #[allow(dead_code)]
     pub async fn publish_to(&self, queue: &str, message: &Outgoing) {
         self.publisher.publish("", queue, message).await.unwrap();
     }
 
+    /// Publishes bytes as they are, with `properties`, where `publish` would.
     pub async fn publish_raw(&self, body: &[u8], properties: BasicProperties) {
         self.publisher
             .publish_raw(&self.exchange, "test.job", body, properties)
@@ -221,6 +231,7 @@ impl TestBroker {
             .collect()
     }
 
+    /// Deletes `queue`, if it exists.
     pub async fn delete_queue(&self, queue: &str) {
         let channel = self.connection.create_channel().await.unwrap();
         let _ = channel
@@ -229,6 +240,7 @@ impl TestBroker {
         let _ = channel.close(200, "ok".into()).await;
     }
 
+    /// Deletes the test's queues and exchange and closes the connection.
     pub async fn cleanup(self) {
         let mut queues: Vec<String> = warren::topology::Topology::for_consumer(&self.config())
             .queue_names()
@@ -251,12 +263,14 @@ impl TestBroker {
 
 /// A consumer running in the background of a test.
 pub struct Running {
+    /// The consumer's counters.
     pub stats: StatsHandle,
     stop: Option<oneshot::Sender<()>>,
     handle: JoinHandle<Result<(), Error>>,
 }
 
 impl Running {
+    /// Runs `consumer` against the broker `AMQP_URL` names until stopped.
     pub fn start<S: warren::store::ConsumerStore>(consumer: Consumer<S>) -> Self {
         Self::spawn(consumer.stats(), |stopped| async move {
             consumer.run(&amqp_url(), stopped).await
@@ -430,7 +444,8 @@ pub struct Ingesting {
 }
 
 impl Ingesting {
-    pub fn start<S>(ingester: warren::admin::Ingester<S>) -> Self
+    /// Runs `ingester` against the broker `AMQP_URL` names until stopped.
+    pub fn start<S>(ingester: warren_admin::Ingester<S>) -> Self
     where
         S: warren::store::DeadLetterStore
             + warren::store::SigningKey
@@ -450,6 +465,8 @@ impl Ingesting {
         Self { stop, handle }
     }
 
+    /// Stops the ingester and waits for it, failing the test if it does not end cleanly
+    /// within 30 s.
     pub async fn stop(self) {
         let _ = self.stop.send(());
         tokio::time::timeout(Duration::from_secs(30), self.handle)

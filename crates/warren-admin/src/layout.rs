@@ -2,8 +2,9 @@
 //! is, by the format its consumer read it in: what redaction, `--set` and
 //! the edit check need of every format, not of warren's envelope alone.
 
-use crate::format::{CONTENT_TYPE_STRUCTURED, essence};
-use crate::store::DeadLetterRecord;
+use warren::format::CONTENT_TYPE_STRUCTURED;
+use warren::kit::format::essence;
+use warren::store::DeadLetterRecord;
 
 /// The layout of a letter's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,7 @@ impl Layout {
         let format = record
             .header_texts()
             .into_iter()
-            .find(|(name, _)| name == crate::headers::HEADER_FORMAT)
+            .find(|(name, _)| name == warren::headers::HEADER_FORMAT)
             .map(|(_, v)| v)
             .unwrap_or_default();
         let properties: serde_json::Value =

@@ -9,16 +9,18 @@ use warren::store::Store;
 use warren::{PgStore, SqliteStore, Tx};
 
 #[cfg(feature = "mysql")]
-use super::mysql_admin_url;
-use super::pg_admin_url;
+use crate::mysql_admin_url;
+use crate::pg_admin_url;
 
 /// A database dialect under test.
 pub trait Backend: warren::store::Dialect {
+    /// The store on this dialect.
     type S: warren::store::OutboxStore
         + warren::store::ConsumerStore
         + warren::store::Retention
         + warren::store::DeadLetterStore
         + Store<Db = Self>;
+    /// The backend's name in test names and messages.
     const NAME: &'static str;
     /// A fresh, private database with warren migrated and the effects table.
     fn create() -> impl Future<Output = TestDb<Self>> + Send;
@@ -69,12 +71,11 @@ pub const APPLIED_TABLE: &str = "CREATE TABLE test_applied (
     customer TEXT NOT NULL, version BIGINT NOT NULL, seq BIGINT NOT NULL, message_id TEXT NOT NULL)";
 const APPLIED_ROWS: &str = "SELECT customer, version, seq FROM test_applied ORDER BY customer, seq";
 
+/// A test's private database and its store, dropped by `drop_db`.
 pub struct TestDb<B: Backend> {
+    /// The store on the test's database, migrated.
     pub store: B::S,
     /// A URL another process can open the same database with.
-    // Read only by the crash tests, which need the `failpoints` feature; the CLI's
-    // tests share these files from a package that has no such feature to test for.
-    #[allow(dead_code)]
     pub url: String,
     cleanup: Cleanup,
 }
@@ -83,13 +84,16 @@ enum Cleanup {
     /// A PostgreSQL schema or a MySQL database, dropped when the test is done
     /// (or by a later run, if the test process was killed).
     Database(warren::testing::TestDatabase),
-    Dir(#[allow(dead_code)] tempfile::TempDir),
+    /// An SQLite file's directory, removed with it.
+    Dir(#[expect(dead_code, reason = "held for its drop")] tempfile::TempDir),
 }
 
 impl<B: Backend> TestDb<B> {
+    /// Every effect the handlers recorded.
     pub async fn effects(&self) -> i64 {
         B::count(&self.store, "SELECT count(*) FROM test_effects".into()).await
     }
+    /// The messages with at least one effect recorded.
     pub async fn distinct_effects(&self) -> i64 {
         B::count(
             &self.store,
@@ -97,6 +101,7 @@ impl<B: Backend> TestDb<B> {
         )
         .await
     }
+    /// The effects recorded for `message_id`.
     pub async fn effects_for(&self, message_id: &str) -> i64 {
         B::count(
             &self.store,
@@ -104,6 +109,7 @@ impl<B: Backend> TestDb<B> {
         )
         .await
     }
+    /// The inbox rows of `consumer`.
     pub async fn inbox(&self, consumer: &str) -> i64 {
         B::count(
             &self.store,
@@ -111,6 +117,7 @@ impl<B: Backend> TestDb<B> {
         )
         .await
     }
+    /// Drops the test's schema or database (an SQLite file goes with its directory).
     pub async fn drop_db(self) {
         if let Cleanup::Database(db) = self.cleanup {
             B::pool(&self.store).close().await;

@@ -13,14 +13,15 @@ use chrono::Utc;
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection};
 
-use super::queue::{in_version_order, replay_properties_of};
-use crate::broker::{BatchItem, BrokerError, Publisher};
-use crate::headers::{HEADER_REPLAY_ID, Signer};
-use crate::store::{
+use warren::broker::{BatchItem, BrokerError, Publisher};
+use warren::headers::HEADER_REPLAY_ID;
+use warren::kit::Signer;
+use warren::store::{
     Actor, DeadLetterStore, Journal, LetterFilter, PendingReplay, ReplayCandidate, ReplayRun,
     SigningKey, StoreError,
 };
-use crate::version::GatedVersion;
+
+use crate::queue::{EntityVersion, in_version_order, replay_properties_of};
 
 /// The most letters one run takes.
 pub const MAX_REPLAY_RUN: u32 = 1_000_000;
@@ -103,7 +104,7 @@ pub enum ReplayError {
 ///
 /// ```no_run
 /// # async fn demo(store: warren::PgStore, connection: std::sync::Arc<warren::lapin::Connection>) -> Result<(), Box<dyn std::error::Error>> {
-/// use warren::admin::Replayer;
+/// use warren_admin::Replayer;
 /// use warren::store::{Actor, LetterFilter};
 ///
 /// let replayer = Replayer::new(store, connection, Actor::new("ana")).with_rate(50.0)?;
@@ -231,8 +232,7 @@ impl<S: DeadLetterStore + SigningKey + Journal> Replayer<S> {
         }
         let mut too_old = 0;
         if let Some(window) = inbox_retention {
-            let cutoff =
-                crate::retention::cutoff(window).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+            let cutoff = warren::admin::cutoff(window).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
             too_old = letters.iter().filter(|l| l.first_failure < cutoff).count();
             if too_old > 0 && !force {
                 return Err(ReplayError::TooOld {
@@ -469,11 +469,11 @@ fn replay_copy(dead: &BasicProperties, replay_id: &str, signer: &Signer) -> Basi
     properties.with_headers(headers)
 }
 
-fn gated(letter: &ReplayCandidate) -> Option<GatedVersion> {
+fn gated(letter: &ReplayCandidate) -> Option<EntityVersion> {
     if letter.entity.is_empty() {
         return None;
     }
-    Some(GatedVersion {
+    Some(EntityVersion {
         entity: letter.entity.clone(),
         version: letter.entity_version?,
     })

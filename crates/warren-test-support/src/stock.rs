@@ -9,15 +9,19 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use warren::{HandlerError, Message, Outgoing, Registry, Tx};
 
-use super::db::{Backend, TestDb};
+use crate::db::{Backend, TestDb};
 
+/// The event type of an order.
 pub const ORDER: &str = "test.order";
+/// The SKUs `with_stock` stocks.
 pub const SKUS: [&str; 4] = ["sku-a", "sku-b", "sku-c", "sku-d"];
+/// What `with_stock` puts on the shelf of each SKU.
 pub const STOCK: i64 = 1_000_000;
 
 /// An order: stock to take, line by line, in this order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Order {
+    /// The SKU and quantity of each line.
     pub lines: Vec<(String, i64)>,
     /// After its first line, wait until the other order of this pair has
     /// taken its first line too (on the first run only): two such orders
@@ -31,6 +35,8 @@ static PAIRS: LazyLock<Mutex<HashMap<String, Arc<tokio::sync::Barrier>>>> =
     LazyLock::new(Default::default);
 static MET: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
 
+/// The conflict tests' handler: takes each line's quantity off its SKU, in the order's
+/// order, locking the rows.
 pub async fn take_stock<B: Backend>(
     msg: Message<Order>,
     tx: &mut Tx<B>,
@@ -56,6 +62,7 @@ pub async fn take_stock<B: Backend>(
     Ok(())
 }
 
+/// The routes of the stock consumer.
 pub fn stock_routes<B: Backend>() -> Registry<B> {
     Registry::new().route(ORDER, 1, take_stock::<B>)
 }
@@ -87,6 +94,7 @@ pub async fn stock_of<B: Backend>(db: &TestDb<B>, sku: &str) -> i64 {
     .await
 }
 
+/// An order message of `lines`, paired with another when `pair` is set.
 pub fn order(lines: Vec<(String, i64)>, pair: Option<String>) -> Outgoing {
     Outgoing::new(ORDER, 1, &Order { lines, pair }).unwrap()
 }

@@ -3,10 +3,11 @@
 //! inbox still protects its effect), the original is kept beside it, and who
 //! edited it and why goes to the audit table.
 
-use super::layout::Layout;
-use crate::envelope::{Envelope, Incoming};
-use crate::failure::DeadLetterReason;
-use crate::store::{Actor, DeadLetterRecord, DeadLetterStore, StoreError};
+use warren::admin::DeadLetterReason;
+use warren::envelope::{Envelope, Incoming};
+use warren::store::{Actor, DeadLetterRecord, DeadLetterStore, StoreError};
+
+use crate::layout::Layout;
 
 /// Why an edit was refused.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +149,7 @@ fn checked_edit(
     before: &serde_json::Value,
     body: &[u8],
 ) -> Result<serde_json::Value, EditError> {
-    if message_id.starts_with(crate::format::DERIVED_PREFIX) {
+    if message_id.starts_with(warren::kit::format::DERIVED_PREFIX) {
         return Err(EditError::DerivedKey(letter_id.to_owned()));
     }
     let format = layout.format;

@@ -15,23 +15,24 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
-use crate::amqp::{text, time};
-use crate::broker::browse::{self, Browse};
-use crate::broker::{BrokerError, Pruned, Publisher};
-use crate::dead_letter::DeadLetterInfo;
-use crate::headers::{
+use warren::admin::DeadLetterInfo;
+use warren::broker::guard::Pruned;
+use warren::broker::{BrokerError, Publisher};
+use warren::headers::{
     HEADER_ATTEMPT, HEADER_ATTEMPTS, HEADER_CONSUMER, HEADER_DROPPED, HEADER_ERROR,
     HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_PRUNED_DIGEST,
     HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, HEADER_SIGNATURE,
 };
-use crate::topology::dead_letter_queue_name;
-use crate::version::GatedVersion;
+use warren::kit::amqp::{text, time};
+use warren::topology::dead_letter_queue_name;
+
+use crate::browse::{self, Browse};
 
 /// One message in a dead-letter queue.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
     /// The id warren knew the message by, if its consumer read it (see
-    /// [`Identity::key`](crate::format::Identity::key)); else the AMQP
+    /// [`Identity::key`](warren::format::Identity::key)); else the AMQP
     /// `message_id`, empty if the message had none.
     pub message_id: String,
     /// The event type its consumer read, else the AMQP `type` property.
@@ -53,7 +54,7 @@ impl DeadLetter {
     fn from_delivery(d: &Delivery, pruned: Option<Pruned>) -> Self {
         let props = &d.properties;
         let info = DeadLetterInfo::from_properties(props);
-        let (message_id, event_type) = super::record::id_and_type(info.as_ref(), props);
+        let (message_id, event_type) = warren::kit::id_and_type(info.as_ref(), props);
         Self {
             message_id,
             event_type,
@@ -295,11 +296,11 @@ const FAILURE_HEADERS: &[&str] = &[
     HEADER_LAST_FAILURE,
     HEADER_CONSUMER,
     HEADER_QUEUE,
-    crate::headers::HEADER_LETTER_ID,
-    crate::headers::HEADER_REPLAY_ID,
-    crate::headers::HEADER_MESSAGE_KEY,
-    crate::headers::HEADER_FORMAT,
-    crate::headers::HEADER_EVENT_TYPE,
+    warren::headers::HEADER_LETTER_ID,
+    warren::headers::HEADER_REPLAY_ID,
+    warren::headers::HEADER_MESSAGE_KEY,
+    warren::headers::HEADER_FORMAT,
+    warren::headers::HEADER_EVENT_TYPE,
 ];
 
 /// The replayed copy: the dead letter's properties without its failure record
@@ -317,7 +318,7 @@ pub(crate) fn replay_properties_of(
     dead: &BasicProperties,
     pruned: Option<&Pruned>,
 ) -> BasicProperties {
-    let properties = crate::headers::copy_base(dead, true);
+    let properties = warren::kit::copy_base(dead, true);
     let mut kept: std::collections::BTreeMap<_, _> = properties
         .headers()
         .as_ref()
@@ -371,9 +372,9 @@ mod tests {
         let h = copy.headers().as_ref().unwrap();
         assert!(!h.contains_key(HEADER_REASON));
         assert!(h.contains_key(HEADER_REPLAYED_AT));
-        assert_eq!(crate::amqp::header_str(h, "tenant").unwrap(), "acme");
+        assert_eq!(warren::amqp::header_str(h, "tenant").unwrap(), "acme");
         assert_eq!(
-            crate::amqp::header_str(h, crate::headers::HEADER_ORIGINAL_USER_ID).unwrap(),
+            warren::amqp::header_str(h, warren::headers::HEADER_ORIGINAL_USER_ID).unwrap(),
             "A"
         );
     }
@@ -394,12 +395,22 @@ mod tests {
     }
 }
 
+/// An entity and a version of it, as the version gate recorded them on a
+/// dead letter: the order replays go in.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct EntityVersion {
+    /// The entity, as the handler named it.
+    pub(crate) entity: String,
+    /// The version checked.
+    pub(crate) version: i64,
+}
+
 /// The entity and version the version gate recorded on a dead letter, if any.
-fn entity_version(d: &Delivery) -> Option<GatedVersion> {
+fn entity_version(d: &Delivery) -> Option<EntityVersion> {
     let headers = d.properties.headers().as_ref()?;
-    let entity = crate::amqp::header_str(headers, crate::headers::HEADER_ENTITY)?;
-    let version = crate::amqp::header_int(headers, crate::headers::HEADER_VERSION)?;
-    Some(GatedVersion {
+    let entity = warren::amqp::header_str(headers, warren::headers::HEADER_ENTITY)?;
+    let version = warren::amqp::header_int(headers, warren::headers::HEADER_VERSION)?;
+    Some(EntityVersion {
         entity: entity.into_owned(),
         version,
     })
@@ -409,7 +420,7 @@ fn entity_version(d: &Delivery) -> Option<GatedVersion> {
 /// order per entity, in the places such items held; the others keep theirs.
 /// A strict-sequence consumer would otherwise park every version replayed
 /// before its predecessor.
-pub(crate) fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<GatedVersion>) {
+pub(crate) fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<EntityVersion>) {
     let slots: Vec<usize> = (0..items.len())
         .filter(|&i| key(&items[i]).is_some())
         .collect();
@@ -443,7 +454,7 @@ mod order_tests {
             ("a2", Some(("a", 2))),
         ];
         in_version_order(&mut items, |(_, k)| {
-            k.map(|(entity, version)| crate::version::GatedVersion {
+            k.map(|(entity, version)| super::EntityVersion {
                 entity: entity.to_owned(),
                 version,
             })

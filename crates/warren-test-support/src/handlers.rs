@@ -12,8 +12,9 @@ use warren::config::ConsumerConfigBuilder;
 use warren::retry::RetryPolicy;
 use warren::{ConsumerConfig, HandlerError, Message, Outgoing, Registry, Tx};
 
-use super::db::Backend;
+use crate::db::Backend;
 
+/// The event type of the test handler's messages.
 pub const EVENT: &str = "test.job";
 
 /// What the test handler does with a message.
@@ -25,17 +26,29 @@ pub enum Mode {
     /// Record the effect, then fail permanently (the record must roll back).
     Permanent,
     /// Record the effect and fail transiently on the first `n` attempts.
-    Transient { n: u32 },
+    Transient {
+        /// The attempts that fail.
+        n: u32,
+    },
     /// Record the effect and panic on the first attempt.
     PanicOnce,
     /// Sleep `ms` on the first attempt only, then record the effect.
-    SlowOnce { ms: u64 },
+    SlowOnce {
+        /// How long the first attempt sleeps.
+        ms: u64,
+    },
     /// Fail transiently on the first attempt, asking to be retried after `ms`.
-    TransientAfter { ms: u64 },
+    TransientAfter {
+        /// The retry delay asked for.
+        ms: u64,
+    },
     /// Abort the process: a message that kills whoever handles it.
     Abort,
     /// Fail permanently while `switch` is in the broken set, then succeed.
-    PermanentWhileBroken { switch: String },
+    PermanentWhileBroken {
+        /// The switch `break_jobs` sets and clears.
+        switch: String,
+    },
     /// Run a failing statement, ignore its error, and report success.
     SwallowError,
     /// Write an outbox event whose event type no AMQP property can carry, and
@@ -47,7 +60,9 @@ pub enum Mode {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+/// The test message: what the handler does with it.
 pub struct Job {
+    /// What the handler does.
     pub mode: Mode,
     /// Sleep this long before doing anything, on every attempt.
     #[serde(default)]
@@ -57,13 +72,16 @@ pub struct Job {
     #[serde(default)]
     pub emit: u32,
     #[serde(default)]
+    /// The exchange `emit` writes to.
     pub emit_to: String,
 }
 
 impl Job {
+    /// A job that records its effect.
     pub fn ok() -> Self {
         Job::with(Mode::Ok)
     }
+    /// A job in `mode`, with no delay and no events.
     pub fn with(mode: Mode) -> Self {
         Job {
             mode,
@@ -72,6 +90,7 @@ impl Job {
             emit_to: String::new(),
         }
     }
+    /// A job that sleeps `ms` on every attempt, then records its effect.
     pub fn slow(ms: u64) -> Self {
         Job {
             delay_ms: ms,
@@ -89,7 +108,9 @@ impl Job {
 /// Version 2 of the job: a different payload shape, handled side by side.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobV2 {
+    /// What the handler does.
     pub job: Job,
+    /// A field version 1 did not have.
     pub note: String,
 }
 
@@ -127,8 +148,6 @@ pub fn reported_attempts(message_id: &str) -> Vec<u32> {
 }
 
 /// Breaks or mends the jobs that name `switch`.
-// Only the CLI's tests (crates/warren-cli/tests, which share these files) call it.
-#[allow(dead_code)]
 pub fn set_broken(switch: &str, broken: bool) {
     let mut set = BROKEN.lock().unwrap();
     if broken {
@@ -332,6 +351,8 @@ pub fn batch_routes<B: Backend>() -> Registry<B> {
         .route(OUT_EVENT, 1, out_event::<B>)
 }
 
+/// The test consumer's routes: the job handler for versions 1 and 2, and the handler of
+/// the events it writes.
 pub fn routes<B: Backend>() -> Registry<B> {
     Registry::new()
         .route(EVENT, 1, job::<B>)

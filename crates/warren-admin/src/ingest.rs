@@ -18,19 +18,18 @@ use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 use tokio_util::sync::CancellationToken;
 
-use super::fingerprint::fingerprint;
-use super::identity::{letter_id, letter_id_of_content};
-use super::record::DeadLetterInfo;
-use crate::amqp::{header_int, header_str, table_to_json};
-use crate::backoff::Backoff;
-use crate::broker::{self, BrokerError, Delivery, Port, Publisher, Subscription};
-use crate::config::ConsumerConfig;
-use crate::error::Error;
-use crate::headers::{HEADER_ENTITY, HEADER_LETTER_ID, HEADER_REPLAY_ID, HEADER_VERSION, Signer};
-use crate::shutdown::cancel_on;
-use crate::store::{DeadLetterStore, LetterState, NewDeadLetter, SigningKey, StoreError};
-use crate::tls::TlsOptions;
-use crate::topology::{QueueSpec, Topology};
+use warren::admin::{DeadLetterInfo, letter_id, letter_id_of_content};
+use warren::amqp::{header_int, header_str, table_to_json};
+use warren::broker::{self, BrokerError, Publisher};
+use warren::headers::{HEADER_ENTITY, HEADER_LETTER_ID, HEADER_REPLAY_ID, HEADER_VERSION};
+use warren::kit::broker::{Amqp, Delivery, Port, Subscription};
+use warren::kit::{Backoff, Signer, cancel_on};
+use warren::store::{DeadLetterStore, LetterState, NewDeadLetter, SigningKey, StoreError};
+use warren::tls::TlsOptions;
+use warren::topology::{QueueSpec, Topology};
+use warren::{ConsumerConfig, Error};
+
+use crate::fingerprint::fingerprint;
 
 /// The largest body stored by default; a larger one is cut to it, flagged,
 /// and kept whole on the side queue. Below MySQL's and MariaDB's default
@@ -60,7 +59,7 @@ pub const REDACTED: &str = "[redacted]";
 pub fn unstored_queue_name(queue: &str) -> String {
     format!(
         "{}.unstored",
-        crate::topology::dead_letter_queue_name(queue)
+        warren::topology::dead_letter_queue_name(queue)
     )
 }
 
@@ -70,7 +69,7 @@ pub fn unstored_queue_name(queue: &str) -> String {
 ///
 /// ```no_run
 /// # async fn demo(store: warren::PgStore, config: warren::ConsumerConfig) -> Result<(), warren::Error> {
-/// use warren::admin::Ingester;
+/// use warren_admin::Ingester;
 ///
 /// Ingester::new(store, &config)
 ///     .redacting(["cardNumber", "iban"])
@@ -82,7 +81,7 @@ pub struct Ingester<S> {
     store: S,
     consumer: String,
     queue: String,
-    queue_type: crate::topology::QueueType,
+    queue_type: warren::topology::QueueType,
     tls: TlsOptions,
     redact: Vec<String>,
     max_body: usize,
@@ -102,7 +101,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             consumer: config.name().to_owned(),
             queue: config.queue().to_owned(),
             queue_type: config.queue_type(),
-            tls: config.tls.clone(),
+            tls: config.tls().clone(),
             redact: Vec::new(),
             max_body: DEFAULT_MAX_STORED_BODY,
             retention: Some(DEFAULT_RESOLVED_RETENTION),
@@ -184,7 +183,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
 
     /// One pass: the gauges from the table, then retention in bounded
     /// batches. (The journal's retention is its consumer's: see
-    /// [`with_journal_retention`](crate::config::ConsumerConfigBuilder::with_journal_retention).)
+    /// [`with_journal_retention`](warren::config::ConsumerConfigBuilder::with_journal_retention).)
     pub async fn housekeeping_pass(&self) -> Result<(), StoreError> {
         let stats = self.store.dead_letter_stats().await?;
         let mutes = self.store.group_mutes().await?;
@@ -232,9 +231,9 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
             metrics::gauge!("dead_letters_table_bytes", "consumer" => consumer.clone())
                 .set(bytes as f64);
         }
-        if let Some(cutoff) = self.retention.and_then(crate::retention::cutoff) {
+        if let Some(cutoff) = self.retention.and_then(warren::admin::cutoff) {
             for state in [LetterState::Resolved, LetterState::Replayed] {
-                super::purge_letters(&self.store, state, cutoff).await?;
+                crate::purge_letters(&self.store, state, cutoff).await?;
             }
         }
         Ok(())
@@ -247,7 +246,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         stop: &CancellationToken,
     ) -> Result<(), Error> {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
-        let dead_letters = crate::topology::dead_letter_queue_name(&self.queue);
+        let dead_letters = warren::topology::dead_letter_queue_name(&self.queue);
         // The consumer declares the dead-letter queue; an ingester started
         // beside it (as `billing run` does) may look first. That is waiting,
         // not a broker outage, and is said so.
@@ -355,7 +354,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         &self,
         amqp_url: &str,
         dead_letters: &str,
-    ) -> Result<(Arc<lapin::Connection>, Subscription, Arc<broker::Amqp>), BrokerError> {
+    ) -> Result<(Arc<lapin::Connection>, Subscription, Arc<Amqp>), BrokerError> {
         let connection = Arc::new(
             broker::connect_with_tls(
                 amqp_url,
@@ -503,7 +502,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         let info = DeadLetterInfo::from_properties(&trusted);
         // The id warren knew the message by, where it was read (a derived
         // key, a CloudEvent's); else the AMQP property. Likewise its type.
-        let (message_id, event_type) = super::record::id_and_type(info.as_ref(), &trusted);
+        let (message_id, event_type) = warren::kit::id_and_type(info.as_ref(), &trusted);
         let (reason, error) = match &info {
             Some(i) => (i.reason.clone(), i.error.clone()),
             None => (
@@ -535,7 +534,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
                 ),
                 id => letter_id(&consumer, id, &replay_id),
             });
-        let layout = super::layout::Layout::of(
+        let layout = crate::layout::Layout::of(
             info.as_ref().map_or("", |i| i.format.as_str()),
             trusted.content_type().as_ref().map(|c| c.as_str()),
         );
@@ -593,7 +592,7 @@ fn fit(letter: &mut NewDeadLetter) {
     letter.headers = "{}".to_owned();
     let clean = |s: &mut String, max: usize| {
         let kept: String = s.chars().filter(|&c| c != '\0').collect();
-        *s = crate::amqp::truncate(&kept, max).to_owned();
+        *s = warren::kit::amqp::truncate(&kept, max).to_owned();
     };
     for (field, max) in [
         (&mut letter.consumer, 255),
@@ -619,7 +618,7 @@ fn death_record(headers: &lapin::types::FieldTable) -> String {
     headers
         .inner()
         .get("x-death")
-        .map(|d| crate::amqp::value_to_json(d).to_string())
+        .map(|d| warren::amqp::value_to_json(d).to_string())
         .unwrap_or_default()
 }
 

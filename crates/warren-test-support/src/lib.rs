@@ -1,8 +1,11 @@
-//! Shared test fixtures, one file per concern: a private database per test
-//! (`db`: a PostgreSQL schema or an SQLite file), private broker names and a
-//! consumer running in the background (`broker`), a handler with a deliberately
-//! non-idempotent effect (`handlers`), and a TCP proxy that faults one client
-//! (`proxy`). Tests import everything from here, not from the files.
+//! The fixtures warren's integration tests share, one file per concern: a
+//! private database per test (`db`: a PostgreSQL schema, an SQLite file or a
+//! MySQL database), private broker names and a consumer running in the
+//! background (`broker`), a handler with a deliberately non-idempotent effect
+//! (`handlers`), a stock ledger for the concurrency tests (`stock`), and a TCP
+//! proxy that faults one client (`proxy`). Tests import everything from the
+//! crate's root, not from the files. Not published: the library's own test kit
+//! for users is `warren::testing`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +22,7 @@ pub use handlers::*;
 pub use proxy::*;
 pub use stock::*;
 
+/// The broker the tests use: `AMQP_URL`, or the local one as guest.
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
@@ -37,6 +41,8 @@ pub fn tls_dir() -> Option<std::path::PathBuf> {
     }
 }
 
+/// The PostgreSQL server the tests create their schemas on: `WARREN_TEST_PG_URL`, or
+/// the local one as postgres.
 pub fn pg_admin_url() -> String {
     std::env::var("WARREN_TEST_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())

@@ -18,12 +18,12 @@ use std::fmt;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
-use crate::amqp::MAX_SHORT_STRING_LEN;
-use crate::envelope::MAX_MESSAGE_ID_LEN;
-use crate::printable::printable;
-use crate::store::PageAfter;
-use crate::store::compare::{JsonNumber, to_millisecond};
-pub use crate::store::compare::{MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS};
+use warren::admin::printable;
+use warren::amqp::MAX_SHORT_STRING_LEN;
+use warren::envelope::MAX_MESSAGE_ID_LEN;
+use warren::kit::{JsonNumber, to_millisecond};
+pub use warren::kit::{MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS};
+use warren::store::PageAfter;
 
 /// Longest reason a letter is filed under, in bytes (the column's width).
 pub const MAX_REASON_LEN: usize = 64;
@@ -413,7 +413,7 @@ mod tests {
         for bad in ["", "a b", "é", "a/b", &"g".repeat(65)] {
             assert!(group("group", bad).is_err(), "{bad:?}");
         }
-        let id = crate::dead_letter::letter_id("c", "m", "");
+        let id = warren::admin::letter_id("c", "m", "");
         assert!(hex_id("letter", &id).is_ok());
         for bad in [
             "",
@@ -450,7 +450,7 @@ mod tests {
 
     #[test]
     fn cursors_are_a_time_and_a_letter() {
-        let id = crate::dead_letter::letter_id("c", "m", "");
+        let id = warren::admin::letter_id("c", "m", "");
         let c = cursor("after", &format!("2026-12-02T17:30:00.5Z,{id}")).unwrap();
         assert_eq!(c.letter_id, id);
         assert!(cursor("after", "junk").is_err());
@@ -500,18 +500,18 @@ mod tests {
     #[test]
     fn the_guides_state_the_limits_the_code_checks() {
         for (guide, text) in [
-            ("docs/cli.md", include_str!("../docs/cli.md")),
-            ("docs/console.md", include_str!("../docs/console.md")),
+            ("docs/cli.md", include_str!("../../../docs/cli.md")),
+            ("docs/console.md", include_str!("../../../docs/console.md")),
         ] {
             for rule in Rule::ALL {
                 let row = format!("| {} | {} |", rule.applies_to(), rule.text());
                 assert!(text.contains(&row), "{guide} lacks the row {row}");
             }
         }
-        let handlers = include_str!("../docs/handlers.md");
+        let handlers = include_str!("../../../docs/handlers.md");
         assert!(handlers.contains(&format!("`messageId` is 1 to {MAX_MESSAGE_ID_LEN} bytes")));
         assert!(handlers.contains(&format!("at most {MAX_SHORT_STRING_LEN} bytes each")));
-        let failures = include_str!("../docs/failures.md");
+        let failures = include_str!("../../../docs/failures.md");
         assert!(failures.contains(&format!("a message id over {MAX_MESSAGE_ID_LEN} bytes")));
         assert!(failures.contains(&format!(
             "correlation or causation id over {MAX_SHORT_STRING_LEN} bytes"

@@ -3,13 +3,14 @@
 
 use tokio::task::JoinHandle;
 
-use super::amqp_url;
+use crate::amqp_url;
 
 /// A TCP proxy in front of the broker (the one `AMQP_URL` names) that can be
 /// taken down and brought back, or frozen (connections stay open and nothing
 /// passes, like a broker that stopped answering), to fault one client without
 /// touching the shared broker.
 pub struct Proxy {
+    /// The local port the proxy listens on.
     pub port: u16,
     state: tokio::sync::watch::Sender<ProxyState>,
     task: JoinHandle<()>,
@@ -80,6 +81,7 @@ fn broker_address() -> String {
 }
 
 impl Proxy {
+    /// Starts a proxy, passing traffic, on a free local port.
     pub async fn start() -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
