@@ -41,9 +41,11 @@
 //! - [`amqp`]: AMQP values: the short-string limit, header readers.
 //! - [`telemetry`]: counters, health, and the log filter that keeps payloads out.
 //! - [`tls`]: `amqps://` with a private CA or a client certificate.
-//! - [`admin`]: operator tooling: dead-letter queues and their reasons, inbox
-//!   retention, URLs.
-//! - [`failpoint`]: crash points for crash tests (feature `failpoints`).
+//! - [`admin`]: what the runtime shares with the operators' tools of the
+//!   `warren_admin` crate: dead-letter records and reasons, inbox retention,
+//!   URLs, printable text.
+//! - [`failpoint`]: crash points for crash tests (feature `failpoints`); their
+//!   names are the `warren_failpoints` crate's.
 //! - `testing`: a test kit that runs handlers without a broker (feature `testing`).
 //!
 //! **lapin's types are part of the API**, by choice: an AMQP message's
@@ -181,7 +183,7 @@ pub mod admin {
 /// Not part of warren's API and under no semver promise: `warren-mq-admin`
 /// depends on this exact version of warren.
 #[doc(hidden)]
-pub mod kit {
+pub mod __kit {
     pub use crate::backoff::Backoff;
     pub use crate::dead_letter::record::id_and_type;
     pub use crate::headers::copies::copy_base;

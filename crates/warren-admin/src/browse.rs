@@ -9,9 +9,9 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueuePurgeOptions};
 use lapin::{Channel, Connection};
 
+use warren::__kit::broker::{close_channel, deadline, short};
 use warren::broker::guard::{Pruned, take_pruned};
 use warren::broker::{BrokerError, inspect_queue};
-use warren::kit::broker::{close_channel, deadline, short};
 
 /// How long closing a walk waits for the broker to put back what it held.
 const RETURN_WAIT: Duration = Duration::from_secs(5);

@@ -149,7 +149,7 @@ fn checked_edit(
     before: &serde_json::Value,
     body: &[u8],
 ) -> Result<serde_json::Value, EditError> {
-    if message_id.starts_with(warren::kit::format::DERIVED_PREFIX) {
+    if message_id.starts_with(warren::__kit::format::DERIVED_PREFIX) {
         return Err(EditError::DerivedKey(letter_id.to_owned()));
     }
     let format = layout.format;

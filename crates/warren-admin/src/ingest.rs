@@ -18,12 +18,12 @@ use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 use tokio_util::sync::CancellationToken;
 
+use warren::__kit::broker::{Amqp, Delivery, Port, Subscription};
+use warren::__kit::{Backoff, Signer, cancel_on};
 use warren::admin::{DeadLetterInfo, letter_id, letter_id_of_content};
 use warren::amqp::{header_int, header_str, table_to_json};
 use warren::broker::{self, BrokerError, Publisher};
 use warren::headers::{HEADER_ENTITY, HEADER_LETTER_ID, HEADER_REPLAY_ID, HEADER_VERSION};
-use warren::kit::broker::{Amqp, Delivery, Port, Subscription};
-use warren::kit::{Backoff, Signer, cancel_on};
 use warren::store::{DeadLetterStore, LetterState, NewDeadLetter, SigningKey, StoreError};
 use warren::tls::TlsOptions;
 use warren::topology::{QueueSpec, Topology};
@@ -502,7 +502,7 @@ impl<S: DeadLetterStore + SigningKey> Ingester<S> {
         let info = DeadLetterInfo::from_properties(&trusted);
         // The id warren knew the message by, where it was read (a derived
         // key, a CloudEvent's); else the AMQP property. Likewise its type.
-        let (message_id, event_type) = warren::kit::id_and_type(info.as_ref(), &trusted);
+        let (message_id, event_type) = warren::__kit::id_and_type(info.as_ref(), &trusted);
         let (reason, error) = match &info {
             Some(i) => (i.reason.clone(), i.error.clone()),
             None => (
@@ -592,7 +592,7 @@ fn fit(letter: &mut NewDeadLetter) {
     letter.headers = "{}".to_owned();
     let clean = |s: &mut String, max: usize| {
         let kept: String = s.chars().filter(|&c| c != '\0').collect();
-        *s = warren::kit::amqp::truncate(&kept, max).to_owned();
+        *s = warren::__kit::amqp::truncate(&kept, max).to_owned();
     };
     for (field, max) in [
         (&mut letter.consumer, 255),

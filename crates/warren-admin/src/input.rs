@@ -13,16 +13,25 @@
 //! The rules follow the writers of each value: a message id is what an
 //! inbox accepts ([`MAX_MESSAGE_ID_LEN`]), a group what a fingerprint or a
 //! reclassification makes, a letter or run id what warren generates.
+//!
+//! ```
+//! use warren_admin::input;
+//!
+//! assert_eq!(input::group("group", "9f2c41d07a5be613").unwrap(), "9f2c41d07a5be613");
+//! let refused = input::text("event_type", "billing\0paid").unwrap_err();
+//! assert_eq!(refused.parameter, "event_type");
+//! assert!(refused.to_string().contains("no control character"));
+//! ```
 
 use std::fmt;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
+use warren::__kit::{JsonNumber, to_millisecond};
+pub use warren::__kit::{MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS};
 use warren::admin::printable;
 use warren::amqp::MAX_SHORT_STRING_LEN;
 use warren::envelope::MAX_MESSAGE_ID_LEN;
-use warren::kit::{JsonNumber, to_millisecond};
-pub use warren::kit::{MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS};
 use warren::store::PageAfter;
 
 /// Longest reason a letter is filed under, in bytes (the column's width).
@@ -492,30 +501,6 @@ mod tests {
             assert_eq!(e.rule, Rule::FieldValue, "{bad:?}");
         }
         assert!(field_value("value", "a\0").is_err());
-    }
-
-    /// The guides state the rules as the code checks them, limits included:
-    /// a table row per rule in the CLI's and the console's guides, and the
-    /// message id limit where the envelope is described.
-    #[test]
-    fn the_guides_state_the_limits_the_code_checks() {
-        for (guide, text) in [
-            ("docs/cli.md", include_str!("../../../docs/cli.md")),
-            ("docs/console.md", include_str!("../../../docs/console.md")),
-        ] {
-            for rule in Rule::ALL {
-                let row = format!("| {} | {} |", rule.applies_to(), rule.text());
-                assert!(text.contains(&row), "{guide} lacks the row {row}");
-            }
-        }
-        let handlers = include_str!("../../../docs/handlers.md");
-        assert!(handlers.contains(&format!("`messageId` is 1 to {MAX_MESSAGE_ID_LEN} bytes")));
-        assert!(handlers.contains(&format!("at most {MAX_SHORT_STRING_LEN} bytes each")));
-        let failures = include_str!("../../../docs/failures.md");
-        assert!(failures.contains(&format!("a message id over {MAX_MESSAGE_ID_LEN} bytes")));
-        assert!(failures.contains(&format!(
-            "correlation or causation id over {MAX_SHORT_STRING_LEN} bytes"
-        )));
     }
 
     #[test]

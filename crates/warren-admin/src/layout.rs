@@ -2,8 +2,8 @@
 //! is, by the format its consumer read it in: what redaction, `--set` and
 //! the edit check need of every format, not of warren's envelope alone.
 
+use warren::__kit::format::essence;
 use warren::format::CONTENT_TYPE_STRUCTURED;
-use warren::kit::format::essence;
 use warren::store::DeadLetterRecord;
 
 /// The layout of a letter's body.

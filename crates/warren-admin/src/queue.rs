@@ -15,6 +15,7 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
+use warren::__kit::amqp::{text, time};
 use warren::admin::DeadLetterInfo;
 use warren::broker::guard::Pruned;
 use warren::broker::{BrokerError, Publisher};
@@ -23,7 +24,6 @@ use warren::headers::{
     HEADER_FIRST_FAILURE, HEADER_LAST_ERROR, HEADER_LAST_FAILURE, HEADER_PRUNED_DIGEST,
     HEADER_QUEUE, HEADER_REASON, HEADER_REPLAYED_AT, HEADER_SIGNATURE,
 };
-use warren::kit::amqp::{text, time};
 use warren::topology::dead_letter_queue_name;
 
 use crate::browse::{self, Browse};
@@ -54,7 +54,7 @@ impl DeadLetter {
     fn from_delivery(d: &Delivery, pruned: Option<Pruned>) -> Self {
         let props = &d.properties;
         let info = DeadLetterInfo::from_properties(props);
-        let (message_id, event_type) = warren::kit::id_and_type(info.as_ref(), props);
+        let (message_id, event_type) = warren::__kit::id_and_type(info.as_ref(), props);
         Self {
             message_id,
             event_type,
@@ -318,7 +318,7 @@ pub(crate) fn replay_properties_of(
     dead: &BasicProperties,
     pruned: Option<&Pruned>,
 ) -> BasicProperties {
-    let properties = warren::kit::copy_base(dead, true);
+    let properties = warren::__kit::copy_base(dead, true);
     let mut kept: std::collections::BTreeMap<_, _> = properties
         .headers()
         .as_ref()

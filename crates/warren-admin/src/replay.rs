@@ -13,9 +13,9 @@ use chrono::Utc;
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection};
 
+use warren::__kit::Signer;
 use warren::broker::{BatchItem, BrokerError, Publisher};
 use warren::headers::HEADER_REPLAY_ID;
-use warren::kit::Signer;
 use warren::store::{
     Actor, DeadLetterStore, Journal, LetterFilter, PendingReplay, ReplayCandidate, ReplayRun,
     SigningKey, StoreError,
