@@ -192,6 +192,7 @@ pub mod __kit {
     pub use crate::store::compare::{
         JsonNumber, MAX_EXPONENT, MAX_SIGNIFICANT_DIGITS, to_millisecond,
     };
+    pub use crate::version::GatedVersion;
 
     /// The broker session a consumer runs on, and the calls around it.
     pub mod broker {

@@ -64,13 +64,16 @@ pub(crate) struct Gated {
     pub(crate) stale: bool,
 }
 
-/// An entity and the version of it the gate checked.
+/// An entity and the version of it the gate checked. Its order (entity, then
+/// version) is the order replays of dead letters go in. Reached by warren's
+/// own crates through `__kit`, not part of the API.
+#[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct GatedVersion {
+pub struct GatedVersion {
     /// The entity, as the handler named it.
-    pub(crate) entity: String,
+    pub entity: String,
     /// The version checked.
-    pub(crate) version: i64,
+    pub version: i64,
 }
 
 #[cfg(test)]

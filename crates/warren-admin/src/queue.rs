@@ -15,6 +15,7 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 
+use warren::__kit::GatedVersion;
 use warren::__kit::amqp::{text, time};
 use warren::admin::DeadLetterInfo;
 use warren::broker::guard::Pruned;
@@ -395,22 +396,12 @@ mod tests {
     }
 }
 
-/// An entity and a version of it, as the version gate recorded them on a
-/// dead letter: the order replays go in.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct EntityVersion {
-    /// The entity, as the handler named it.
-    pub(crate) entity: String,
-    /// The version checked.
-    pub(crate) version: i64,
-}
-
 /// The entity and version the version gate recorded on a dead letter, if any.
-fn entity_version(d: &Delivery) -> Option<EntityVersion> {
+fn entity_version(d: &Delivery) -> Option<GatedVersion> {
     let headers = d.properties.headers().as_ref()?;
     let entity = warren::amqp::header_str(headers, warren::headers::HEADER_ENTITY)?;
     let version = warren::amqp::header_int(headers, warren::headers::HEADER_VERSION)?;
-    Some(EntityVersion {
+    Some(GatedVersion {
         entity: entity.into_owned(),
         version,
     })
@@ -420,7 +411,7 @@ fn entity_version(d: &Delivery) -> Option<EntityVersion> {
 /// order per entity, in the places such items held; the others keep theirs.
 /// A strict-sequence consumer would otherwise park every version replayed
 /// before its predecessor.
-pub(crate) fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<EntityVersion>) {
+pub(crate) fn in_version_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> Option<GatedVersion>) {
     let slots: Vec<usize> = (0..items.len())
         .filter(|&i| key(&items[i]).is_some())
         .collect();
@@ -454,7 +445,7 @@ mod order_tests {
             ("a2", Some(("a", 2))),
         ];
         in_version_order(&mut items, |(_, k)| {
-            k.map(|(entity, version)| super::EntityVersion {
+            k.map(|(entity, version)| super::GatedVersion {
                 entity: entity.to_owned(),
                 version,
             })

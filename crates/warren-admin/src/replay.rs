@@ -13,7 +13,7 @@ use chrono::Utc;
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection};
 
-use warren::__kit::Signer;
+use warren::__kit::{GatedVersion, Signer};
 use warren::broker::{BatchItem, BrokerError, Publisher};
 use warren::headers::HEADER_REPLAY_ID;
 use warren::store::{
@@ -21,7 +21,7 @@ use warren::store::{
     SigningKey, StoreError,
 };
 
-use crate::queue::{EntityVersion, in_version_order, replay_properties_of};
+use crate::queue::{in_version_order, replay_properties_of};
 
 /// The most letters one run takes.
 pub const MAX_REPLAY_RUN: u32 = 1_000_000;
@@ -469,11 +469,11 @@ fn replay_copy(dead: &BasicProperties, replay_id: &str, signer: &Signer) -> Basi
     properties.with_headers(headers)
 }
 
-fn gated(letter: &ReplayCandidate) -> Option<EntityVersion> {
+fn gated(letter: &ReplayCandidate) -> Option<GatedVersion> {
     if letter.entity.is_empty() {
         return None;
     }
-    Some(EntityVersion {
+    Some(GatedVersion {
         entity: letter.entity.clone(),
         version: letter.entity_version?,
     })
