@@ -16,5 +16,6 @@ mod console_support;
 mod console_tls;
 mod dead_letters;
 mod doctor;
+mod guides;
 mod input_rules;
 mod trace;
