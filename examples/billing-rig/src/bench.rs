@@ -47,7 +47,7 @@ use warren_admin::DatabaseUrl;
 
 pub use probe::{LogSwitches, Probe, Settled, count_broker_nodes, install_switches};
 
-use crate::config::Config;
+use billing_service::config::Config;
 use dbs::BenchDb;
 use workloads::{Env, invoices};
 
@@ -58,6 +58,7 @@ pub struct BenchSpec {
     pub messages: usize,
     /// PostgreSQL, SQLite, or both.
     pub postgres: Option<String>,
+    /// Whether to run on SQLite too.
     pub sqlite: bool,
     /// How long the latency run publishes.
     pub latency_period: Duration,
@@ -156,7 +157,7 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         tag,
         settings: cfg.settings(warren::retry::RetryPolicy::default()),
     };
-    let pool = crate::db::pool_size(cfg.concurrency);
+    let pool = billing_service::db::pool_size(cfg.concurrency);
     println!(
         "billing bench: {} messages per workload; prefetch {}, concurrency {}, batch size {}, \
          pool {pool}; quorum queues; {}; this machine ({} cores)",
@@ -184,10 +185,10 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
         );
         let schema = format!("bench_{}", env.tag);
         let db_url: DatabaseUrl = url.parse().map_err(|e| format!("--postgres-url: {e}"))?;
-        crate::scratch::create_schema(&db_url, &schema).await?;
-        let opened = crate::db::open(&db_url, Some(&schema), pool).await;
+        billing_service::scratch::create_schema(&db_url, &schema).await?;
+        let opened = billing_service::db::open(&db_url, Some(&schema), pool).await;
         let result = match opened {
-            Ok(crate::db::Database::Postgres(store)) => {
+            Ok(billing_service::db::Database::Postgres(store)) => {
                 let mut r = on_database::<Postgres>(&env, spec, store.clone(), settled).await;
                 if spec.counts
                     && let Ok(passed) = r
@@ -214,14 +215,14 @@ pub async fn run(cfg: &Config, spec: &BenchSpec, settled: &Settled) -> Result<bo
             Ok(_) => Err("--postgres-url is not a PostgreSQL URL".into()),
             Err(e) => Err(e),
         };
-        crate::scratch::drop_schema(&db_url, &schema).await;
+        billing_service::scratch::drop_schema(&db_url, &schema).await;
         passed &= result?;
     }
     if spec.sqlite {
-        let dir = crate::scratch::tempdir()?;
+        let dir = billing_service::scratch::tempdir()?;
         let url = format!("sqlite://{}", dir.join("bench.db").display());
-        let result = match crate::db::open(&DatabaseUrl::Sqlite(url), None, pool).await? {
-            crate::db::Database::Sqlite(store) => {
+        let result = match billing_service::db::open(&DatabaseUrl::Sqlite(url), None, pool).await? {
+            billing_service::db::Database::Sqlite(store) => {
                 let r = on_database::<Sqlite>(&env, spec, store.clone(), settled).await;
                 store.pool().close().await;
                 r
@@ -278,8 +279,11 @@ impl Row {
 /// PostgreSQL server's backends (SQLite runs in this process).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuPer {
+    /// This process: the consumer.
     pub this: f64,
+    /// RabbitMQ's `beam.smp`.
     pub broker: f64,
+    /// PostgreSQL's backends.
     pub database: f64,
 }
 
@@ -924,7 +928,7 @@ async fn row3<B: BenchDb>(
     env: &Env,
     store: &B::S,
     queue: &str,
-    messages: &[crate::stream::Planned],
+    messages: &[billing_service::stream::Planned],
 ) -> Result<Drain, String> {
     one_insert_run::<B>(env, store, queue, messages, BatchIsolation::Replay, false).await
 }
@@ -934,7 +938,7 @@ async fn row3_batch<B: BenchDb>(
     env: &Env,
     store: &B::S,
     queue: &str,
-    messages: &[crate::stream::Planned],
+    messages: &[billing_service::stream::Planned],
 ) -> Result<Drain, String> {
     let n = messages.len();
     let t = workloads::filled_queue(env, queue, messages).await?;
@@ -960,7 +964,7 @@ async fn one_insert_run<B: BenchDb>(
     env: &Env,
     store: &B::S,
     queue: &str,
-    messages: &[crate::stream::Planned],
+    messages: &[billing_service::stream::Planned],
     isolation: BatchIsolation,
     failing: bool,
 ) -> Result<Drain, String> {
@@ -1042,7 +1046,9 @@ struct Row4 {
 pub struct Latency {
     /// The rate messages were published at.
     pub rate: f64,
+    /// The median latency.
     pub p50: Duration,
+    /// The 99th percentile.
     pub p99: Duration,
     /// Messages whose latency was measured.
     pub samples: usize,
@@ -1064,7 +1070,7 @@ async fn row4<B: BenchDb>(
     env: &Env,
     store: &B::S,
     prefix: &str,
-    messages: &[crate::stream::Planned],
+    messages: &[billing_service::stream::Planned],
     settled: &Settled,
     spec: &BenchSpec,
 ) -> Result<(Row4, Latencies), String> {
@@ -1100,7 +1106,7 @@ async fn row4_with<B: BenchDb>(
     env: &Env,
     store: &B::S,
     prefix: &str,
-    messages: &[crate::stream::Planned],
+    messages: &[billing_service::stream::Planned],
     settled: &Settled,
     spec: &BenchSpec,
     rates: &[f64],

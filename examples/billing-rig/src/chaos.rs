@@ -11,20 +11,24 @@ use warren::store::{DeadLetterStore, Journal};
 use warren_admin::DeadLetterQueue;
 use warren_chaos::{Campaign, Check, Cluster, ClusterFault, Failover, FaultMix, Fleet, Report};
 
-use crate::config::Config;
-use crate::credit::{self, CREDIT_CONSUMER, CreditSpec};
-use crate::db::{self, BillingDb};
-use crate::handlers::CONSUMER;
-use crate::scratch;
-use crate::service::{self, Names, Settings};
-use crate::stream::{self, Plan, StreamSpec};
+use billing_service::config::Config;
+use billing_service::credit::{self, CREDIT_CONSUMER, CreditSpec};
+use billing_service::db::{self, BillingDb};
+use billing_service::handlers::CONSUMER;
+use billing_service::scratch;
+use billing_service::service::{self, Names, Settings};
+use billing_service::stream::{self, Plan, StreamSpec};
 
 /// What `billing chaos` was asked for.
 #[derive(Debug, Clone)]
 pub struct ChaosSpec {
+    /// Invoices in the stream.
     pub count: usize,
+    /// `billing run` processes at once.
     pub processes: usize,
+    /// The seed of the stream and of the faults.
     pub seed: u64,
+    /// The faults and their weights.
     pub mix: FaultMix,
     /// Faults stop after this long even if the stream has not been applied yet.
     pub max_fault_time: Duration,
@@ -220,7 +224,6 @@ struct ClusterOutcome {
 /// Waits until a quarter of the stream is applied, then injects `fault` at
 /// the node leading `target`'s queue while sampling progress every 100 ms,
 /// and prints what it did.
-#[allow(clippy::print_stdout)]
 async fn cluster_fault<B: BillingDb>(
     store: &B::S,
     names: &Names,
@@ -326,7 +329,6 @@ async fn cluster_fault<B: BillingDb>(
 }
 
 /// Runs the campaign; returns whether every invariant held.
-#[allow(clippy::print_stdout)]
 pub async fn run<B: BillingDb>(
     store: B::S,
     child_db_url: String,

@@ -11,13 +11,13 @@ use warren::retry::RetryPolicy;
 use warren::store::OutboxStore;
 use warren::topology::QueueType;
 
-use crate::config::Config;
-use crate::credit::{self, CreditSpec};
-use crate::db::{self, BillingDb};
-use crate::scratch;
-use crate::service::{self, Names, Settings};
 use crate::status::{self, Report};
-use crate::stream::{self, Expected, StreamSpec};
+use billing_service::config::Config;
+use billing_service::credit::{self, CreditSpec};
+use billing_service::db::{self, BillingDb};
+use billing_service::scratch;
+use billing_service::service::{self, Names, Settings};
+use billing_service::stream::{self, Expected, StreamSpec};
 
 /// How long the demo waits for everything to settle.
 const DEADLINE: Duration = Duration::from_secs(90);

@@ -8,8 +8,8 @@
 use warren::store::ConsumerStore;
 use warren::{Consumer, ConsumerConfig, HandlerError, Message, Registry, Tx};
 
-use crate::handlers::RECORDED;
-use crate::service::{Names, Settings};
+use billing_service::handlers::RECORDED;
+use billing_service::service::{Names, Settings};
 
 /// The downstream consumer's name: its inbox rows and journal carry it.
 pub const DOWNSTREAM_CONSUMER: &str = "billing-downstream";

@@ -5,21 +5,12 @@
 // A binary: `pub` marks what a module offers the rest of the program.
 #![allow(unreachable_pub)]
 
-mod amount;
-mod bench;
-mod chaos;
-mod checkup;
-mod config;
-mod credit;
-mod db;
 mod demo;
 mod downstream;
-mod handlers;
-mod http;
-mod scratch;
-mod service;
 mod status;
-mod stream;
+
+use billing_rig::{bench, chaos};
+use billing_service::{config, db, service, stream};
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -29,8 +20,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use warren::retry::RetryPolicy;
 use warren_admin::DatabaseUrl;
 
-use crate::config::{Config, LogFormat};
-use crate::stream::StreamSpec;
+use billing_service::config::{Config, LogFormat};
+use billing_service::stream::StreamSpec;
 
 use std::time::Duration;
 

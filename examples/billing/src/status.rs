@@ -7,9 +7,9 @@ use warren::outbox::OutboxStatus;
 use warren::store::{DeadLetterStore, OutboxStore};
 use warren_admin::DeadLetterQueue;
 
-use crate::db::{BillingDb, Counts};
-use crate::handlers::CONSUMER;
-use crate::service::Names;
+use billing_service::db::{BillingDb, Counts};
+use billing_service::handlers::CONSUMER;
+use billing_service::service::Names;
 
 /// Everything `billing status` reports.
 #[derive(Debug, Clone, Default)]

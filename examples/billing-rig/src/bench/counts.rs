@@ -19,17 +19,17 @@ use super::workloads::{self, Env};
 /// Ack frames per delivery that row 3 sent before acks were held, counted on
 /// the wire with prefetch 32 (0.371 at batches of 4.2 messages): the gate is
 /// a quarter of it.
-pub const ACKS_PER_DELIVERY_BEFORE: f64 = 0.371;
+pub(crate) const ACKS_PER_DELIVERY_BEFORE: f64 = 0.371;
 
 /// Round trips warren spends on a transaction on PostgreSQL beside its
 /// handlers' statements, the pool's pings and the first preparation of each
 /// statement on a connection: `BEGIN` (with a batch's lock timeout in the
 /// same trip), the claim of all its messages, the pre-commit check,
 /// `COMMIT`. The README says so; CI holds the code to it.
-pub const PG_ROUND_TRIPS_PER_TRANSACTION: f64 = 4.0;
+pub(crate) const PG_ROUND_TRIPS_PER_TRANSACTION: f64 = 4.0;
 
 /// What a counted row asked of the database and the broker.
-pub struct RowCounts {
+pub(crate) struct RowCounts {
     /// Messages the handler saw (its effects, counted; billing's, the
     /// invoices published).
     pub messages: u64,
@@ -47,19 +47,19 @@ impl RowCounts {
     /// Round trips per transaction beside the handlers' statements (each of
     /// which is a round trip of its own), the pool's pings, and the
     /// preparation of each statement once per connection.
-    pub fn overhead_per_transaction(&self) -> f64 {
+    pub(crate) fn overhead_per_transaction(&self) -> f64 {
         let apart = self.handler + self.pg.pings + self.pg.prepares;
         (self.pg.round_trips.saturating_sub(apart)) as f64
             / (self.commits + self.rollbacks).max(1) as f64
     }
 
     /// Ack frames the consumer sent per delivery it received.
-    pub fn acks_per_delivery(&self) -> f64 {
+    pub(crate) fn acks_per_delivery(&self) -> f64 {
         self.amqp.method("basic.ack") as f64 / self.amqp.deliveries.max(1) as f64
     }
 
     /// Prints what was counted.
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         let pg = &self.pg;
         let t = (self.commits + self.rollbacks).max(1) as f64;
         println!(
@@ -106,7 +106,7 @@ impl RowCounts {
 
 /// Which row a counting pass runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counted {
+pub(crate) enum Counted {
     /// Row 3: a handler of one message, one insert each.
     OneInsert,
     /// Row 3b: a batch handler, one insert a batch.
@@ -140,7 +140,7 @@ fn through(url: &str, proxy: &Proxy) -> Result<String, String> {
 
 /// `row` on `n` fresh messages, its connections through counting proxies.
 /// `None` where the connections cannot be read (TLS).
-pub async fn run(
+pub(crate) async fn run(
     env: &Env,
     postgres_url: &str,
     schema: &str,
@@ -156,8 +156,9 @@ pub async fn run(
     let db_url: DatabaseUrl = through(postgres_url, &database)?
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let pool = crate::db::pool_size(env.settings.concurrency);
-    let crate::db::Database::Postgres(store) = crate::db::open(&db_url, Some(schema), pool).await?
+    let pool = billing_service::db::pool_size(env.settings.concurrency);
+    let billing_service::db::Database::Postgres(store) =
+        billing_service::db::open(&db_url, Some(schema), pool).await?
     else {
         return Err("the counting pass runs on PostgreSQL".into());
     };

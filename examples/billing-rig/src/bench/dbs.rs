@@ -7,10 +7,10 @@ use sqlx::{Pool, Postgres, Sqlite};
 use warren::store::StoreError;
 use warren::{HandlerError, Message, Tx};
 
-use crate::db::BillingDb;
+use billing_service::db::BillingDb;
 
 /// A database the benchmark runs on.
-pub trait BenchDb: BillingDb {
+pub(crate) trait BenchDb: BillingDb {
     /// The name in the table.
     const LABEL: &'static str;
     /// Its durability setting, printed with the results.
@@ -64,7 +64,7 @@ pub trait BenchDb: BillingDb {
 /// [`SLOW`] names first waits until every other message of the run reached
 /// the handler, holding its delivery (the lowest tag) open while the rest
 /// flow past it.
-pub async fn one_insert<B: BenchDb>(
+pub(crate) async fn one_insert<B: BenchDb>(
     msg: Message<serde_json::Value>,
     tx: &mut Tx<B>,
 ) -> Result<(), HandlerError> {
@@ -90,13 +90,13 @@ pub async fn one_insert<B: BenchDb>(
 
 /// Row 3s: the message held open, and how many others must reach the
 /// handler before it goes on.
-pub static SLOW: std::sync::RwLock<Option<(String, usize)>> = std::sync::RwLock::new(None);
+pub(crate) static SLOW: std::sync::RwLock<Option<(String, usize)>> = std::sync::RwLock::new(None);
 
 /// Calls of [`one_insert`] for messages other than the held one.
-pub static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub(crate) static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Row 3b's handler: every message of the batch in one insert.
-pub async fn one_insert_batch<B: BenchDb>(
+pub(crate) async fn one_insert_batch<B: BenchDb>(
     batch: warren::Batch<serde_json::Value>,
     tx: &mut Tx<B>,
 ) -> warren::BatchResult {
@@ -107,7 +107,7 @@ pub async fn one_insert_batch<B: BenchDb>(
 
 /// Whether row 6's failing handler refuses this message: about one in
 /// fifty, chosen by the id (FNV-1a), so both isolations meet the same ones.
-pub fn fails(message_id: &str) -> bool {
+pub(crate) fn fails(message_id: &str) -> bool {
     let hash = message_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -116,7 +116,7 @@ pub fn fails(message_id: &str) -> bool {
 
 /// Row 6's handler: row 3's, failing for good after its insert for the
 /// messages [`fails`] picks.
-pub async fn one_insert_failing<B: BenchDb>(
+pub(crate) async fn one_insert_failing<B: BenchDb>(
     msg: Message<serde_json::Value>,
     tx: &mut Tx<B>,
 ) -> Result<(), HandlerError> {
@@ -262,7 +262,7 @@ impl BenchDb for Sqlite {
     ) -> Result<(), sqlx::Error> {
         let sql = format!(
             "INSERT INTO bench_effects (message_id) VALUES {}",
-            crate::db::values(message_ids.len(), "(?)")
+            billing_service::db::values(message_ids.len(), "(?)")
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for id in message_ids {
@@ -280,7 +280,7 @@ impl BenchDb for Sqlite {
         let sql = format!(
             "INSERT INTO warren_inbox (consumer_name, message_id, event_type, correlation_id, received_at)
              VALUES {} ON CONFLICT (consumer_name, message_id) DO NOTHING",
-            crate::db::values(message_ids.len(), "(?, ?, 'billing.invoice-paid.v1', NULL, ?)")
+            billing_service::db::values(message_ids.len(), "(?, ?, 'billing.invoice-paid.v1', NULL, ?)")
         );
         let now = chrono::Utc::now()
             .format("%Y-%m-%dT%H:%M:%S%.6fZ")
@@ -292,7 +292,7 @@ impl BenchDb for Sqlite {
         query.execute(&mut *tx).await?;
         let sql = format!(
             "INSERT INTO bench_effects (message_id) VALUES {}",
-            crate::db::values(message_ids.len(), "(?)")
+            billing_service::db::values(message_ids.len(), "(?)")
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for id in message_ids {

@@ -20,8 +20,8 @@ use super::dbs::BenchDb;
 use super::measured;
 use super::profile::profiled;
 use super::workloads::{self, Env, invoices_in};
-use crate::service::invoice_formats;
-use crate::stream::{Form, Planned};
+use billing_service::service::invoice_formats;
+use billing_service::stream::{Form, Planned};
 
 /// Rounds; each runs every format once, in turn (each round from another
 /// format), so that what drifts over a run (the inbox growing, the
@@ -29,7 +29,7 @@ use crate::stream::{Form, Planned};
 const ROUNDS: usize = 5;
 
 /// What a format may cost warren's process over the envelope, per message.
-pub const BUDGET_US: f64 = 2.0;
+pub(crate) const BUDGET_US: f64 = 2.0;
 
 /// The formats measured, the envelope first: the baseline.
 const FORMS: [Form; 4] = [
@@ -44,7 +44,7 @@ const FORMS: [Form; 4] = [
 const READ_PASSES: usize = 20;
 
 /// One format's figures, a value a round.
-pub struct FormatCost {
+pub(crate) struct FormatCost {
     pub form: Form,
     /// warren's process CPU per message of a drain, in µs.
     pub drains: Vec<f64>,
@@ -55,15 +55,15 @@ pub struct FormatCost {
 }
 
 impl FormatCost {
-    pub fn drain(&self) -> f64 {
+    pub(crate) fn drain(&self) -> f64 {
         median(&self.drains)
     }
 
-    pub fn read(&self) -> f64 {
+    pub(crate) fn read(&self) -> f64 {
         median(&self.reads)
     }
 
-    pub fn parse(&self) -> f64 {
+    pub(crate) fn parse(&self) -> f64 {
         median(&self.parses)
     }
 }
@@ -75,7 +75,7 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// Runs row 8 over `n` messages a drain, on queues `queue` names.
-pub async fn row8<B: BenchDb>(
+pub(crate) async fn row8<B: BenchDb>(
     env: &Env,
     store: &B::S,
     queue: &dyn Fn(&str) -> String,
@@ -197,7 +197,7 @@ fn client_parse(messages: &[Planned]) -> Result<f64, String> {
 }
 
 /// Prints row 8's table; true if every format is within the budget.
-pub fn print(label: &str, costs: &[FormatCost]) -> bool {
+pub(crate) fn print(label: &str, costs: &[FormatCost]) -> bool {
     let Some(envelope) = costs.first() else {
         return true;
     };

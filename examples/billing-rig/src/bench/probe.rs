@@ -16,7 +16,9 @@ use tracing_subscriber::layer::Context;
 /// and a log line per message written as text to `/dev/null` (the row that
 /// measures what such a line costs).
 pub struct LogSwitches {
+    /// Turns the latency probe on or off.
     pub probe: Box<dyn Fn(bool) + Send + Sync>,
+    /// Turns the per-message log line on or off.
     pub lines: Box<dyn Fn(bool) + Send + Sync>,
 }
 
@@ -28,7 +30,7 @@ pub fn install_switches(switches: LogSwitches) {
 }
 
 /// Turns the per-message log lines on or off.
-pub fn log_lines(on: bool) {
+pub(crate) fn log_lines(on: bool) {
     if let Some(s) = SWITCHES.get() {
         (s.lines)(on);
     }
@@ -101,7 +103,7 @@ impl<S: tracing::Subscriber> Layer<S> for Probe {
 }
 
 /// The p-th percentile (0 to 100) of `samples`, sorted in place.
-pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+pub(crate) fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     if samples.is_empty() {
         return Duration::ZERO;
     }
@@ -112,12 +114,12 @@ pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
 
 /// Resets the process's peak resident set size, so that the next reading is
 /// the peak of what runs from now on. False where the kernel does not allow it.
-pub fn reset_peak_rss() -> bool {
+pub(crate) fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// The process's peak resident set size since the last reset, in MiB.
-pub fn peak_rss_mib() -> Option<f64> {
+pub(crate) fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib: f64 = status
         .lines()
@@ -143,7 +145,7 @@ pub fn count_broker_nodes(nodes: Vec<String>) {
 
 /// What the broker is, for the bench's heading: one node, or the nodes of
 /// `--broker-nodes`.
-pub fn broker_described() -> String {
+pub(crate) fn broker_described() -> String {
     match BROKER_NODES.get() {
         Some(nodes) => format!("a cluster of {} nodes ({})", nodes.len(), nodes.join(", ")),
         None => "one broker".into(),
@@ -181,7 +183,7 @@ fn same_network(dir: &std::path::Path) -> bool {
 /// found by process name (`beam.smp`, `postgres`) in this process's network
 /// namespace; a server on another host, or none, reads as zero.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CpuTimes {
+pub(crate) struct CpuTimes {
     pub this_process: Duration,
     pub broker: Duration,
     pub database: Duration,
@@ -189,7 +191,7 @@ pub struct CpuTimes {
 
 impl CpuTimes {
     /// Reads them now.
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let mut times = Self {
             this_process: stat_cpu("/proc/self/stat", false).unwrap_or_default(),
             ..Self::default()
@@ -218,7 +220,7 @@ impl CpuTimes {
     }
 
     /// What was spent between `earlier` and this reading.
-    pub fn since(&self, earlier: &Self) -> Self {
+    pub(crate) fn since(&self, earlier: &Self) -> Self {
         Self {
             this_process: self.this_process.saturating_sub(earlier.this_process),
             broker: self.broker.saturating_sub(earlier.broker),
@@ -231,7 +233,7 @@ impl CpuTimes {
 /// line (`-sbwt`, `-sbwtdcpu`, `-sbwtdio`; RabbitMQ 3.10 passes `none` by
 /// default, Erlang's own default is `medium`): spinning schedulers spend CPU
 /// between messages, which a CPU-per-message figure then includes.
-pub fn broker_busy_wait() -> String {
+pub(crate) fn broker_busy_wait() -> String {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return "unknown".into();
     };

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 /// A profile being taken, written to a file when [`finish`](Self::finish)ed.
-pub struct Profile {
+pub(crate) struct Profile {
     #[cfg(feature = "profile")]
     guard: pprof::ProfilerGuard<'static>,
     path: PathBuf,
@@ -17,7 +17,7 @@ pub struct Profile {
 
 impl Profile {
     /// Starts sampling this process, for a flamegraph at `dir/name.svg`.
-    pub fn start(dir: &Path, name: &str) -> Result<Self, String> {
+    pub(crate) fn start(dir: &Path, name: &str) -> Result<Self, String> {
         let path = dir.join(format!("{name}.svg"));
         #[cfg(feature = "profile")]
         {
@@ -41,7 +41,7 @@ impl Profile {
 
     /// Writes the flamegraph and returns the functions most samples were
     /// taken in (the innermost frame of each sample), with their share.
-    pub fn finish(self) -> Result<(PathBuf, Vec<(String, f64)>), String> {
+    pub(crate) fn finish(self) -> Result<(PathBuf, Vec<(String, f64)>), String> {
         #[cfg(feature = "profile")]
         {
             let report = self
@@ -98,7 +98,7 @@ impl Profile {
 
 /// Runs `work` under a profile named `name` in `dir` when there is a `dir`,
 /// and prints where the flamegraph went and the top functions.
-pub async fn profiled<T>(
+pub(crate) async fn profiled<T>(
     dir: Option<&Path>,
     name: &str,
     work: impl Future<Output = T>,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::dbs::BenchDb;
 use super::workloads::{self, Env, invoices};
 use super::{BenchSpec, Settled, goals, met, ms, rate, row3, row4, row4_with};
-use crate::service::Settings;
+use billing_service::service::Settings;
 use warren::broker::Publisher;
 
 /// Rows 3 and 4 again with `--inbox-rows` rows in the inbox, then the purge of
@@ -16,7 +16,7 @@ pub(super) async fn big_inbox<B: BenchDb>(
     env: &Env,
     spec: &BenchSpec,
     store: &B::S,
-    messages: &[crate::stream::Planned],
+    messages: &[billing_service::stream::Planned],
     empty_row3: f64,
     empty_row4: f64,
     settled: &Settled,
@@ -32,9 +32,14 @@ pub(super) async fn big_inbox<B: BenchDb>(
     )
     .await
     .map_err(|e| format!("cannot fill the inbox: {e}"))?;
-    B::fill_inbox(B::pool(store), crate::handlers::CONSUMER, half, expired)
-        .await
-        .map_err(|e| format!("cannot fill the inbox: {e}"))?;
+    B::fill_inbox(
+        B::pool(store),
+        billing_service::handlers::CONSUMER,
+        half,
+        expired,
+    )
+    .await
+    .map_err(|e| format!("cannot fill the inbox: {e}"))?;
     println!(
         "   with {} rows in warren_inbox (filled in {:.0} s):",
         spec.inbox_rows,
@@ -62,7 +67,7 @@ pub(super) async fn big_inbox<B: BenchDb>(
         let start = std::time::Instant::now();
         let deleted = warren_admin::purge_inbox(
             &purge_store,
-            crate::handlers::CONSUMER,
+            billing_service::handlers::CONSUMER,
             Duration::from_secs(365 * 86_400),
         )
         .await;
@@ -207,26 +212,27 @@ pub(super) async fn instances(
     let mut results: Vec<Scaled> = Vec::new();
     for &count in counts {
         println!("PostgreSQL: row 4 with {count} billing instances");
-        let names = crate::service::Names::new(&format!("bench-{}-scale{count}", env.tag));
-        crate::service::declare(&env.amqp_url, &names, &env.settings).await?;
+        let names =
+            billing_service::service::Names::new(&format!("bench-{}-scale{count}", env.tag));
+        billing_service::service::declare(&env.amqp_url, &names, &env.settings).await?;
         let messages = invoices(n);
         workloads::publish(env, &names.exchange(), None, &messages).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut running = Vec::new();
         let mut stores = Vec::new();
         for _ in 0..count {
-            let crate::db::Database::Postgres(store) =
-                crate::db::open(db_url, Some(schema), pool).await?
+            let billing_service::db::Database::Postgres(store) =
+                billing_service::db::open(db_url, Some(schema), pool).await?
             else {
                 return Err("--instances runs on PostgreSQL".into());
             };
             running.push(
-                crate::service::start::<sqlx::Postgres>(
+                billing_service::service::start::<sqlx::Postgres>(
                     store.clone(),
                     &env.amqp_url,
                     &names,
                     &env.settings,
-                    warren::RelayConfig::new(crate::handlers::CONSUMER),
+                    warren::RelayConfig::new(billing_service::handlers::CONSUMER),
                     stopped.clone(),
                 )
                 .await?,
@@ -265,8 +271,8 @@ pub(super) async fn instances(
             store.pool().close().await;
         }
         for topology in [
-            crate::service::topology(&names, &env.settings),
-            crate::service::credit_topology(&names, &env.settings),
+            billing_service::service::topology(&names, &env.settings),
+            billing_service::service::credit_topology(&names, &env.settings),
         ]
         .into_iter()
         .flatten()

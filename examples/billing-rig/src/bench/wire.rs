@@ -22,14 +22,14 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// What a proxy speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     Postgres,
     Amqp,
 }
 
 /// What the clients of one proxy sent, counted.
 #[derive(Debug, Default, Clone)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Round trips: simple queries and syncs (PostgreSQL).
     pub round_trips: u64,
     /// Syncs with no statement before them: sqlx's pings (PostgreSQL).
@@ -47,7 +47,7 @@ pub struct Counts {
 
 impl Counts {
     /// Statements whose SQL starts with `head` (case-insensitive).
-    pub fn statements_starting(&self, head: &str) -> u64 {
+    pub(crate) fn statements_starting(&self, head: &str) -> u64 {
         let head = head.to_ascii_uppercase();
         self.statements
             .iter()
@@ -57,18 +57,18 @@ impl Counts {
     }
 
     /// Every statement run.
-    pub fn all_statements(&self) -> u64 {
+    pub(crate) fn all_statements(&self) -> u64 {
         self.statements.values().sum()
     }
 
     /// Method frames named `name` (`basic.ack`...).
-    pub fn method(&self, name: &str) -> u64 {
+    pub(crate) fn method(&self, name: &str) -> u64 {
         self.methods.get(name).copied().unwrap_or(0)
     }
 }
 
 /// A running proxy: where clients connect, and what they sent so far.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub addr: SocketAddr,
     counts: Arc<Mutex<Counts>>,
     task: tokio::task::JoinHandle<()>,
@@ -77,7 +77,7 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards every connection to
     /// `upstream`, counting as `protocol`.
-    pub async fn start(protocol: Protocol, upstream: SocketAddr) -> Result<Self, String> {
+    pub(crate) async fn start(protocol: Protocol, upstream: SocketAddr) -> Result<Self, String> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("counting proxy: {e}"))?;
@@ -98,12 +98,12 @@ impl Proxy {
     }
 
     /// The counts so far.
-    pub fn counts(&self) -> Counts {
+    pub(crate) fn counts(&self) -> Counts {
         lock(&self.counts).clone()
     }
 
     /// Forgets what was counted so far.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         *lock(&self.counts) = Counts::default();
     }
 }

@@ -21,12 +21,12 @@ use warren::{Consumer, ConsumerConfig, Outgoing, Registry, Relay, RelayConfig, l
 use super::Latency;
 use super::dbs::{BenchDb, one_insert, one_insert_batch, one_insert_failing};
 use super::probe::{CpuTimes, Settled, percentile};
-use crate::handlers::{CONSUMER, PAID_V1, RECORDED};
-use crate::service::{self, Names, Settings};
-use crate::stream::{Form, Planned, StreamSpec, plan_in};
+use billing_service::handlers::{CONSUMER, PAID_V1, RECORDED};
+use billing_service::service::{self, Names, Settings};
+use billing_service::stream::{Form, Planned, StreamSpec, plan_in};
 
 /// What every workload of one run shares.
-pub struct Env {
+pub(crate) struct Env {
     pub amqp_url: String,
     pub connection: Arc<lapin::Connection>,
     pub publisher: Publisher,
@@ -41,12 +41,12 @@ fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 }
 
 /// `n` unique, valid invoice-paid events (v1), as the publisher sends them.
-pub fn invoices(n: usize) -> Vec<Planned> {
+pub(crate) fn invoices(n: usize) -> Vec<Planned> {
     invoices_in(Form::Warren, n)
 }
 
 /// `n` unique, valid invoice-paid events (v1), each in `form`.
-pub fn invoices_in(form: Form, n: usize) -> Vec<Planned> {
+pub(crate) fn invoices_in(form: Form, n: usize) -> Vec<Planned> {
     plan_in(
         form,
         &StreamSpec {
@@ -64,7 +64,7 @@ pub fn invoices_in(form: Form, n: usize) -> Vec<Planned> {
 
 /// Publishes `messages` to `exchange` (or straight to the queue `routing` names,
 /// through the default exchange), each batch confirmed.
-pub async fn publish(
+pub(crate) async fn publish(
     env: &Env,
     exchange: &str,
     routing: Option<&str>,
@@ -88,7 +88,7 @@ pub async fn publish(
 }
 
 /// The configuration of the warren consumer of row 3, on `queue`.
-pub fn consumer_config(env: &Env, queue: &str) -> Result<ConsumerConfig, String> {
+pub(crate) fn consumer_config(env: &Env, queue: &str) -> Result<ConsumerConfig, String> {
     consumer_builder(env, queue)
         .build()
         .map_err(|e| e.to_string())
@@ -104,7 +104,7 @@ fn consumer_builder(env: &Env, queue: &str) -> ConsumerConfigBuilder {
 
 /// Declares `queue` (quorum, with its retry tiers and dead-letter queue) and
 /// fills it with `messages`.
-pub async fn filled_queue(
+pub(crate) async fn filled_queue(
     env: &Env,
     queue: &str,
     messages: &[Planned],
@@ -119,7 +119,7 @@ pub async fn filled_queue(
 
 /// How often the bare drain acks: every 64 deliveries, or every half prefetch
 /// when that is less (the broker sends no more than the prefetch unacked).
-pub fn bare_ack_every(prefetch: u16) -> usize {
+pub(crate) fn bare_ack_every(prefetch: u16) -> usize {
     (usize::from(prefetch) / 2).clamp(1, 64)
 }
 
@@ -153,7 +153,7 @@ async fn subscribe(
 
 /// Row 1: a lapin consumer with the same prefetch that touches no database and
 /// acks with `multiple` every [`bare_ack_every`] deliveries.
-pub async fn bare_drain(env: &Env, queue: &str, n: usize) -> Result<Duration, String> {
+pub(crate) async fn bare_drain(env: &Env, queue: &str, n: usize) -> Result<Duration, String> {
     let start = Instant::now();
     let (channel, mut deliveries) = subscribe(env, queue, "bare").await?;
     let mut seen = 0;
@@ -179,7 +179,7 @@ pub async fn bare_drain(env: &Env, queue: &str, n: usize) -> Result<Duration, St
 /// delivery, one transaction with the inbox row (`ON CONFLICT DO NOTHING`) and
 /// the effect, then the ack; `concurrency` deliveries at once, on a pool as large
 /// as warren's.
-pub async fn seed_pattern<B: BenchDb>(
+pub(crate) async fn seed_pattern<B: BenchDb>(
     env: &Env,
     pool: &sqlx::Pool<B>,
     queue: &str,
@@ -237,7 +237,7 @@ pub async fn seed_pattern<B: BenchDb>(
 /// row); from there to the event's arrival downstream (the broker, the
 /// publisher confirm). The relay's stamp is in milliseconds.
 #[derive(Debug, Clone, Copy)]
-pub struct Legs {
+pub(crate) struct Legs {
     pub consumer: (Duration, Duration),
     pub relay: (Duration, Duration),
     pub downstream: (Duration, Duration),
@@ -304,7 +304,7 @@ async fn drained(
 /// Row 3: warren's consumer, the handler writing one row; for row 6 with
 /// another batch isolation, or failing for one message in fifty.
 /// `on_consuming` runs once the consumer has subscribed.
-pub async fn warren_one_insert<B: BenchDb>(
+pub(crate) async fn warren_one_insert<B: BenchDb>(
     env: &Env,
     store: B::S,
     queue: &str,
@@ -342,7 +342,7 @@ pub async fn warren_one_insert<B: BenchDb>(
 
 /// Row 3b: warren's consumer with a batch handler writing one insert for all
 /// new messages of a transaction.
-pub async fn warren_batch_insert<B: BenchDb>(
+pub(crate) async fn warren_batch_insert<B: BenchDb>(
     env: &Env,
     store: B::S,
     queue: &str,
@@ -352,7 +352,7 @@ pub async fn warren_batch_insert<B: BenchDb>(
 }
 
 /// Row 3b, `on_consuming` run once the consumer has subscribed.
-pub async fn warren_batch_insert_with<B: BenchDb>(
+pub(crate) async fn warren_batch_insert_with<B: BenchDb>(
     env: &Env,
     store: B::S,
     queue: &str,
@@ -384,7 +384,7 @@ pub async fn warren_batch_insert_with<B: BenchDb>(
 /// and effects of `messages`, `per_transaction` a transaction (32 for row 7,
 /// row 3b's average for row 7b), each set-based in one statement,
 /// `concurrency` transactions at once on a plain pool. No broker.
-pub async fn database_floor<B: BenchDb>(
+pub(crate) async fn database_floor<B: BenchDb>(
     env: &Env,
     pool: &sqlx::Pool<B>,
     messages: &[Planned],
@@ -422,7 +422,7 @@ pub async fn database_floor<B: BenchDb>(
 }
 
 /// billing itself, running: both consumers and the relay.
-pub struct Billing {
+pub(crate) struct Billing {
     pub names: Names,
     running: service::Running,
     stop: watch::Sender<bool>,
@@ -430,7 +430,7 @@ pub struct Billing {
 
 /// Starts billing on `store` under a prefix of its own, its queue filled with
 /// `messages` first.
-pub async fn start_billing<B: BenchDb>(
+pub(crate) async fn start_billing<B: BenchDb>(
     env: &Env,
     store: B::S,
     prefix: &str,
@@ -458,21 +458,21 @@ pub async fn start_billing<B: BenchDb>(
 
 impl Billing {
     /// Waits until billing's invoice consumer has subscribed.
-    pub async fn wait_consuming(&self) {
+    pub(crate) async fn wait_consuming(&self) {
         while !self.running.stats.health().consuming {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
     /// Row 4: how long the filled queue takes to drain.
-    pub async fn drain(&self, n: usize) -> Duration {
+    pub(crate) async fn drain(&self, n: usize) -> Duration {
         drained(&self.running.stats, n, &|| {}).await
     }
 
     /// Publishes invoices at `rate` a second for `period` and returns the
     /// latency of each, from just before its publish to its settling (commit,
     /// then ack).
-    pub async fn latencies(
+    pub(crate) async fn latencies(
         &self,
         env: &Env,
         settled: &Settled,
@@ -511,7 +511,7 @@ impl Billing {
     /// `invoice-payment-recorded` event it caused at a consumer downstream
     /// (a queue of the benchmark's bound to billing's exchange): through the
     /// inbox, the effect, the outbox and the relay; and where that time went.
-    pub async fn end_to_end(
+    pub(crate) async fn end_to_end(
         &self,
         env: &Env,
         settled: &Settled,
@@ -646,7 +646,7 @@ impl Billing {
     }
 
     /// Outbox rows still waiting for the relay.
-    pub async fn outbox_pending<S: OutboxStore>(store: &S) -> i64 {
+    pub(crate) async fn outbox_pending<S: OutboxStore>(store: &S) -> i64 {
         store
             .outbox_backlog()
             .await
@@ -655,7 +655,7 @@ impl Billing {
     }
 
     /// Stops billing and removes its queues.
-    pub async fn stop(self, env: &Env) {
+    pub(crate) async fn stop(self, env: &Env) {
         let _ = self.stop.send(true);
         let _ = self.running.task.await;
         for topology in [
@@ -681,7 +681,7 @@ impl Billing {
 /// the same messages published by hand in batches of the relay's size, each
 /// batch's confirms awaited (row 5a). Returns (relay, bare), each with the
 /// CPU the processes spent.
-pub async fn relay_against_bare<B: BenchDb>(
+pub(crate) async fn relay_against_bare<B: BenchDb>(
     env: &Env,
     store: B::S,
     n: usize,

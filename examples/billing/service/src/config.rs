@@ -13,40 +13,70 @@ use warren_admin::DatabaseUrl;
 
 use crate::service;
 
+/// The broker billing connects to unless told otherwise: the local RabbitMQ as guest.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Where billing serves `/metrics`, `/healthz` and `/stats` unless told otherwise.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
 
 /// Raw values, as given by flags or environment variables (clap) or the file.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
+    /// `--amqp-url`: the broker.
     pub amqp_url: Option<String>,
+    /// `--amqp-ca-file`: the CA that signs the broker's certificate.
     pub amqp_ca_file: Option<String>,
+    /// `--amqp-client-cert`: a client certificate for amqps://.
     pub amqp_client_cert: Option<String>,
+    /// `--amqp-client-key`: its key.
     pub amqp_client_key: Option<String>,
+    /// `--database-url`: PostgreSQL, SQLite or MySQL/MariaDB.
     pub database_url: Option<String>,
+    /// `--prefix`: the first part of every broker name.
     pub prefix: Option<String>,
+    /// `--http`: the metrics and health address.
     pub http: Option<String>,
+    /// `--prefetch`: unacknowledged deliveries per consumer.
     pub prefetch: Option<u16>,
+    /// `--concurrency`: transactions at once.
     pub concurrency: Option<usize>,
+    /// `--batch-size`: deliveries per transaction, at most.
     pub batch_size: Option<usize>,
+    /// `--retry-tiers`: the delays of the retry tiers, in order.
     pub retry_tiers: Option<Vec<String>>,
+    /// `--log-format`: `text` or `json`.
     pub log_format: Option<String>,
+    /// `--inbox-retention`: how long inbox rows are kept.
     pub inbox_retention: Option<String>,
+    /// `--consumer-timeout`: the broker's consumer timeout billing expects.
     pub consumer_timeout: Option<String>,
+    /// `--partitions`: partitions of the credit stream.
     pub partitions: Option<u32>,
+    /// `--partition-lease`: how long a partition lease lasts unrenewed.
     pub partition_lease: Option<String>,
+    /// `--dead-letter-store`: the database the dead-letter ingester writes to.
     pub dead_letter_store: Option<String>,
+    /// `--dead-letter-redact`: payload fields the stored letters hide.
     pub dead_letter_redact: Option<Vec<String>>,
+    /// `--console`: the address of the web console, if any.
     pub console: Option<String>,
+    /// `--console-tokens`: the file of the console's operator tokens.
     pub console_tokens: Option<String>,
+    /// `--console-operator`: the operator the console acts as without tokens.
     pub console_operator: Option<String>,
+    /// `--console-mask`: payload fields the console hides.
     pub console_mask: Option<Vec<String>>,
+    /// `--console-tls-cert`: the console's TLS certificate.
     pub console_tls_cert: Option<String>,
+    /// `--console-tls-key`: its key.
     pub console_tls_key: Option<String>,
+    /// `--console-behind-proxy`: the proxy the console trusts.
     pub console_behind_proxy: Option<String>,
+    /// `--console-identity-header`: the header that proxy names the operator in.
     pub console_identity_header: Option<String>,
+    /// `--management-url`: RabbitMQ's management API, for the checks at start.
     pub management_url: Option<String>,
+    /// `--rabbitmqctl`: the broker's control command, for the checks at start.
     pub rabbitmqctl: Option<String>,
 }
 
@@ -98,28 +128,38 @@ impl Raw {
 /// Log output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// A JSON object per line.
     Json,
 }
 
 /// Checked configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The broker's URL.
     pub amqp_url: String,
     /// CA file and client certificate for amqps:// URLs.
     pub tls: TlsOptions,
     /// `None`: the command's default (a file `billing.db`; the demo's own).
     pub database_url: Option<DatabaseUrl>,
+    /// The first part of every broker name; `None`: the command's default.
     pub prefix: Option<String>,
+    /// The metrics and health address.
     pub http: SocketAddr,
+    /// Unacknowledged deliveries per consumer.
     pub prefetch: u16,
+    /// Transactions at once.
     pub concurrency: usize,
     /// Deliveries applied in one transaction, at most.
     pub batch_size: usize,
     /// `None`: the command's default tiers.
     pub retry_tiers: Option<Vec<Duration>>,
+    /// `None`: text on a terminal, JSON otherwise.
     pub log_format: Option<LogFormat>,
+    /// How long inbox rows are kept; `None`: the library's default.
     pub inbox_retention: Option<Duration>,
+    /// The broker's consumer timeout billing expects.
     pub consumer_timeout: Duration,
     /// Partitions of the credit stream.
     pub partitions: u32,

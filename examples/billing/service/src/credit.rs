@@ -26,9 +26,11 @@ const SCOPE: &str = "customer-credit";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreditLimitSet {
+    /// The customer whose limit this sets.
     pub customer_id: String,
     /// The JSON text as the producer wrote it, read exactly.
     pub credit_limit: Box<RawValue>,
+    /// The limit's version; each customer's start at 1.
     pub version: i64,
 }
 
@@ -36,9 +38,11 @@ pub struct CreditLimitSet {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreditLimitChanged {
+    /// The customer whose limit changed.
     pub customer_id: String,
     /// Exact decimal text.
     pub credit_limit: String,
+    /// The version now applied.
     pub version: i64,
     /// The version it replaced (0 for a new customer).
     pub previous_version: i64,
@@ -47,9 +51,11 @@ pub struct CreditLimitChanged {
 /// A validated credit limit, ready to apply.
 #[derive(Debug, Clone)]
 pub struct CreditLimit {
+    /// The customer.
     pub customer_id: String,
     /// Canonical decimal text.
     pub credit_limit: String,
+    /// The version to apply.
     pub version: i64,
 }
 
@@ -135,12 +141,15 @@ pub struct CreditState {
 /// A credit-limit stream: in order, shuffled, with duplicated versions.
 #[derive(Debug, Clone)]
 pub struct CreditSpec {
+    /// Customers in the stream.
     pub customers: usize,
+    /// Versions per customer.
     pub versions: i64,
     /// Share of versions published a second time.
     pub duplicates: f64,
     /// Customers whose messages fail twice before they apply (`cus_flaky_*`).
     pub flaky: usize,
+    /// The seed of the shuffle and the duplicates.
     pub seed: u64,
 }
 

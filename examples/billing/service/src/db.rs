@@ -19,7 +19,9 @@ use crate::credit::{CreditLimit, CreditState};
 
 pub mod mysql;
 
-/// Runs `$body` with `$B` bound to the database type of `$db` and `$store` to its store.
+/// Runs `$body` with `$B` bound to the database type of `$db` and `$store` to
+/// its store. The caller names `sqlx`, as every user of the service does.
+#[macro_export]
 macro_rules! with_store {
     ($db:expr, |$store:ident: $B:ident| $body:expr) => {
         match $db {
@@ -38,7 +40,7 @@ macro_rules! with_store {
         }
     };
 }
-pub(crate) use with_store;
+pub use crate::with_store;
 
 /// Opens the database at `url`; the error names it, password hidden.
 pub async fn open(url: &DatabaseUrl, schema: Option<&str>, pool: u32) -> Result<Database, String> {
@@ -69,22 +71,28 @@ pub(crate) fn first_per_invoice<'p>(payments: &'p [(Payment, &str)]) -> Vec<&'p 
 
 /// `rows` copies of `row` (`(?, ?)`), comma separated: the VALUES list of a
 /// multi-row insert whose placeholders bind in order.
-pub(crate) fn values(rows: usize, row: &str) -> String {
+pub fn values(rows: usize, row: &str) -> String {
     vec![row; rows].join(", ")
 }
 
 /// A payment to record, validated.
 #[derive(Debug, Clone)]
 pub struct Payment {
+    /// The invoice paid.
     pub invoice_id: String,
+    /// The customer who paid it.
     pub customer_id: String,
     /// The amount, exact, as canonical decimal text: the digits the producer
     /// wrote, without an exponent or leading zeros.
     pub amount: String,
     /// `floor(amount)`: up to 28 digits, so not an `i64`.
     pub points: i128,
+    /// ISO 4217 code.
     pub currency: String,
+    /// When it was paid: v2's `paidAtUtc`; for v1 the event's time, or the
+    /// time it was handled if the event gives none.
     pub paid_at: DateTime<Utc>,
+    /// How it was paid (v2 only).
     pub payment_method: Option<String>,
     /// The key a payment provider would have been given for this payment.
     pub payment_reference: String,
@@ -93,10 +101,13 @@ pub struct Payment {
 /// What `billing status` and the demo count.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Rows in `invoices`.
     pub invoices_paid: i64,
+    /// Rows in `loyalty_points`.
     pub loyalty_rows: i64,
     /// Exact: a single invoice may credit more than `i64::MAX` points.
     pub loyalty_sum: i128,
+    /// Rows in the inbox.
     pub inbox_rows: i64,
     /// The exact sum of paid invoices' amounts, per currency; `None` where no
     /// exact sum exists (see `sum_by_currency`).
@@ -105,6 +116,7 @@ pub struct Counts {
 
 /// A database billing runs on.
 pub trait BillingDb: warren::store::Dialect {
+    /// The store warren runs on for this database.
     type S: OutboxStore
         + warren::store::ConsumerStore
         + warren::store::Retention
@@ -169,12 +181,17 @@ pub struct Audit {
 /// Opens the database a URL names: PostgreSQL (optionally in `schema`), SQLite,
 /// or MySQL/MariaDB.
 pub enum Database {
+    /// PostgreSQL.
     Postgres(PgStore),
+    /// SQLite.
     Sqlite(SqliteStore),
+    /// MySQL or MariaDB.
     MySql(warren::MySqlStore),
 }
 
 impl Database {
+    /// Opens `url` with a pool of `pool` connections; on PostgreSQL in
+    /// `schema` if one is given.
     pub async fn open(
         url: &DatabaseUrl,
         schema: Option<&str>,

@@ -16,6 +16,7 @@ use crate::db::{BillingDb, Payment};
 pub const CONSUMER: &str = "billing";
 /// Incoming event types.
 pub const PAID_V1: &str = "billing.invoice-paid.v1";
+/// The payment event with how and when it was paid.
 pub const PAID_V2: &str = "billing.invoice-paid.v2";
 /// The event billing emits through its outbox.
 pub const RECORDED: &str = "billing.invoice-payment-recorded.v1";
@@ -72,11 +73,14 @@ pub(crate) fn identifier(field: &str, value: &str) -> Result<(), HandlerError> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InvoicePaidV1 {
+    /// The invoice paid.
     pub invoice_id: String,
+    /// The customer who paid it.
     pub customer_id: String,
     /// The JSON text as the producer wrote it, parsed by [`Amount::from_json`]:
     /// going through `f64` would round it.
     pub amount: Box<RawValue>,
+    /// ISO 4217 code.
     pub currency: String,
 }
 
@@ -84,12 +88,17 @@ pub struct InvoicePaidV1 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InvoicePaidV2 {
+    /// The invoice paid.
     pub invoice_id: String,
+    /// The customer who paid it.
     pub customer_id: String,
     /// As in v1.
     pub amount: Box<RawValue>,
+    /// ISO 4217 code.
     pub currency: String,
+    /// How it was paid.
     pub payment_method: String,
+    /// When it was paid, in UTC.
     pub paid_at_utc: DateTime<Utc>,
 }
 
@@ -97,13 +106,17 @@ pub struct InvoicePaidV2 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PaymentRecorded {
+    /// The invoice paid.
     pub invoice_id: String,
+    /// The customer who paid it.
     pub customer_id: String,
     /// Exact decimal text.
     pub amount: String,
+    /// ISO 4217 code.
     pub currency: String,
     /// An integer; above 2^53 for amounts that large, so read it as a big integer.
     pub loyalty_points: i128,
+    /// The key a payment provider would have been given: the incoming message id.
     pub payment_reference: String,
 }
 

@@ -10,12 +10,17 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use warren::telemetry::StatsHandle;
 
 #[derive(Clone)]
+/// What the HTTP endpoints read.
 pub struct State {
+    /// The invoice consumer's counters (`/stats`).
     pub stats: StatsHandle,
+    /// The credit consumer's counters.
     pub credit_stats: StatsHandle,
+    /// The Prometheus registry `/metrics` renders.
     pub metrics: Arc<PrometheusHandle>,
 }
 
+/// `/metrics`, `/healthz` and `/readyz` on `state`.
 pub fn router(state: State) -> Router {
     Router::new()
         .route("/metrics", get(metrics))

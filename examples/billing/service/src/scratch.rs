@@ -10,6 +10,7 @@ use crate::service::{self, Names, Settings};
 /// A database with nothing in it: a temporary SQLite file, a schema of its own
 /// on PostgreSQL, or a database of its own on MySQL.
 pub struct Fresh {
+    /// The database, open.
     pub db: Database,
     /// A URL other processes can open the same database with.
     pub url: String,
@@ -20,7 +21,9 @@ pub struct Fresh {
 }
 
 /// A fresh database like `cli`'s: a new schema or database on its server, or
-/// a SQLite file in a new temporary directory.
+/// a SQLite file in a new temporary directory. It says which on standard
+/// output: the demo's and the chaos run's reports begin with it.
+#[allow(clippy::print_stdout)]
 pub async fn fresh_database(cli: &Config, tag: &str, pool: u32) -> Result<Fresh, String> {
     let temp = tempdir()?;
     match &cli.database_url {

@@ -23,10 +23,12 @@ use crate::handlers::{self, CONSUMER};
 /// Broker names for a prefix `P`.
 #[derive(Debug, Clone)]
 pub struct Names {
+    /// The prefix `P`.
     pub prefix: String,
 }
 
 impl Names {
+    /// The names for `prefix`.
     pub fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
@@ -68,12 +70,17 @@ pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Settings of the consumer part.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Unacknowledged deliveries per consumer.
     pub prefetch: u16,
+    /// Transactions at once.
     pub concurrency: usize,
     /// Deliveries applied in one transaction, at most.
     pub batch_size: usize,
+    /// The retry tiers and the poison limit.
     pub retry: RetryPolicy,
+    /// Classic or quorum queues.
     pub queue_type: QueueType,
+    /// The broker's consumer timeout billing expects.
     pub consumer_timeout: Duration,
     /// CA file and client certificate for amqps://.
     pub tls: TlsOptions,

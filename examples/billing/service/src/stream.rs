@@ -137,8 +137,11 @@ impl StreamSpec {
 /// One message to publish.
 #[derive(Debug, Clone)]
 pub struct Planned {
+    /// The routing key it is published with.
     pub routing_key: String,
+    /// Its body.
     pub body: Vec<u8>,
+    /// Its properties, headers included.
     pub properties: BasicProperties,
 }
 
@@ -167,7 +170,9 @@ pub struct Expected {
 
 /// The stream and its expected outcome.
 pub struct Plan {
+    /// The messages, in publishing order.
     pub messages: Vec<Planned>,
+    /// What a correct consumer ends with.
     pub expected: Expected,
 }
 
